@@ -1,0 +1,185 @@
+"""The agent's durable records: the session-state anchor, runs, steps, approvals, memory, audit.
+
+State changes go through ``agent.actions.do_*`` (audit row + broadcast after commit).
+"""
+
+from django.conf import settings
+from django.db import models
+
+
+class SessionState(models.Model):
+    """The anchor (seed 002): survives "Reset session".
+
+    One row (pk=1). Holds the next run number, the objectives (target proofs/hr and caps), the
+    operator's settings overrides, the observe-only switch and the run lock (token + expiry, so a
+    crashed run cannot wedge the agent). ``epoch`` increases on every reset; runs of older epochs
+    are not replayed into the model's context.
+    """
+
+    next_run_id = models.PositiveIntegerField(default=1)
+    target_proofs_hr = models.FloatField(default=0)
+    objectives = models.JSONField(default=dict, blank=True)
+    overrides = models.JSONField(default=dict, blank=True)
+    fleet_snapshot = models.JSONField(default=dict, blank=True)
+    observe_only = models.BooleanField(default=False)
+    epoch = models.PositiveIntegerField(default=1)
+    lock_token = models.CharField(max_length=64, blank=True)
+    lock_expires_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    @classmethod
+    def get(cls) -> "SessionState":
+        """The anchor row, created with the configured default target on first use."""
+        obj, _ = cls.objects.get_or_create(
+            pk=1, defaults={"target_proofs_hr": settings.WARDEN["DEFAULT_TARGET_PROOFS_HR"]}
+        )
+        return obj
+
+
+class Run(models.Model):
+    """One observe cycle of the agent.
+
+    ``status``: running | parked (waiting on an approval, lock released) | done | halted | failed.
+    ``halt_reason`` is a reason code from SCENARIOS.md when a breaker or cap stopped the run.
+    ``verdict_action``/``verdict_state_changed`` come from the planner's ``<verdict>``; a run whose
+    verdict is (false, false) is a no-op and is skipped in the prompt (``included_in_prompt``).
+    """
+
+    number = models.PositiveIntegerField(unique=True)
+    epoch = models.PositiveIntegerField(default=1)
+    trigger = models.CharField(max_length=20)
+    planner = models.CharField(max_length=20)
+    status = models.CharField(max_length=10, default="running", db_index=True)
+    halt_reason = models.CharField(max_length=40, blank=True)
+    halt_detail = models.TextField(blank=True)
+    verdict_action = models.BooleanField(null=True)
+    verdict_state_changed = models.BooleanField(null=True)
+    tokens_in = models.PositiveIntegerField(default=0)
+    tokens_out = models.PositiveIntegerField(default=0)
+    included_in_prompt = models.BooleanField(default=True)
+    final_report = models.TextField(blank=True)
+    started_at = models.DateTimeField()
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-number"]
+
+    def __str__(self) -> str:
+        return f"run {self.number}"
+
+
+class Step(models.Model):
+    """One entry of a run's trace, persisted as it happens.
+
+    ``kind``: ``message`` (operator or system text), ``text`` (a planner turn with text only),
+    ``call`` (a tool call), ``observe`` (the runtime's observation summary), ``report``.
+    For calls: ``args`` are the parsed canonical arguments (null when they could not be parsed),
+    ``raw_arguments`` the exact string the planner sent, ``outcome`` one of SCENARIOS.md's outcomes
+    and ``reason_code`` its reason code. ``observation`` is always written by the runtime.
+    ``turn`` numbers planner turns; ``position`` is the index inside a parallel batch (``batch``
+    true when the turn held several calls).
+    """
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps")
+    seq = models.PositiveIntegerField()
+    turn = models.PositiveIntegerField(null=True)
+    position = models.PositiveIntegerField(default=0)
+    batch = models.BooleanField(default=False)
+    kind = models.CharField(max_length=10)
+    actor = models.CharField(max_length=20, default="agent")
+    text = models.TextField(blank=True)
+    tool = models.CharField(max_length=40, blank=True)
+    args = models.JSONField(null=True, blank=True)
+    raw_arguments = models.TextField(blank=True)
+    call_reason = models.TextField(blank=True)
+    outcome = models.CharField(max_length=20, blank=True)
+    reason_code = models.CharField(max_length=40, blank=True)
+    detail = models.TextField(blank=True)
+    observation = models.TextField(blank=True)
+    ok = models.BooleanField(null=True)
+    error_kind = models.CharField(max_length=10, blank=True)
+    idempotency_key = models.CharField(max_length=64, blank=True, db_index=True)
+    tokens = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField()
+    duration_ms = models.FloatField(null=True)
+
+    class Meta:
+        ordering = ["run", "seq"]
+        unique_together = [("run", "seq")]
+
+
+class Approval(models.Model):
+    """A parked side effect waiting for an operator. Durable: survives restarts as ``waiting``.
+
+    ``status``: waiting | approved | rejected | expired | void (guards refused it at dispatch) |
+    executed. ``idempotency_key`` is the runtime's key of the parked call.
+    """
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="approvals")
+    step = models.OneToOneField(Step, on_delete=models.CASCADE, related_name="approval")
+    tool = models.CharField(max_length=40)
+    args = models.JSONField()
+    reason = models.TextField(blank=True)
+    idempotency_key = models.CharField(max_length=64, unique=True)
+    status = models.CharField(max_length=10, default="waiting", db_index=True)
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    comment = models.TextField(blank=True)
+    outcome_detail = models.TextField(blank=True)
+    created_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+    decided_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+
+class SideEffect(models.Model):
+    """The claim that makes a side-effect tool run at most once per idempotency key.
+
+    Inserted before dispatch (a second insert of the same key fails); ``status`` claimed | done |
+    failed; ``result`` the runtime's observation text.
+    """
+
+    key = models.CharField(max_length=64, unique=True)
+    tool = models.CharField(max_length=40)
+    args = models.JSONField()
+    instance_ref = models.CharField(max_length=64, blank=True, db_index=True)
+    status = models.CharField(max_length=10, default="claimed")
+    result = models.TextField(blank=True)
+    actor = models.CharField(max_length=20, default="agent")
+    claimed_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+
+class MemoryFact(models.Model):
+    """A long-term fact the agent remembers across resets (seed 002 ``remember``)."""
+
+    category = models.CharField(max_length=40)
+    key = models.CharField(max_length=200)
+    value = models.TextField()
+    importance = models.FloatField(default=0.5)
+    created_at = models.DateTimeField()
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        unique_together = [("category", "key")]
+
+
+class AuditLog(models.Model):
+    """Who or what did what, when, why: before and after. Written by every ``do_*`` action.
+
+    ``actor``: ``user:<name>``, ``agent``, ``monitor`` or ``system``.
+    """
+
+    at = models.DateTimeField(db_index=True)
+    actor = models.CharField(max_length=150)
+    verb = models.CharField(max_length=60)
+    target = models.CharField(max_length=200, blank=True)
+    reason = models.TextField(blank=True)
+    before = models.JSONField(null=True, blank=True)
+    after = models.JSONField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-at", "-id"]

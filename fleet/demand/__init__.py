@@ -1,0 +1,38 @@
+"""Demand sources: ``read_demand(instances)`` reads the configured one (WARDEN_DEMAND_SOURCE)."""
+
+from django.conf import settings
+
+from fleet.demand.base import DemandError, DemandReading, WorkerView  # noqa: F401
+
+_override = None
+
+
+def get_source(name: str | None = None):
+    """The demand source object (has ``read(instances) -> DemandReading``)."""
+    if _override is not None and name is None:
+        return _override
+    name = name or settings.WARDEN["DEMAND_SOURCE"]
+    if name in ("local", "curio"):
+        from fleet.demand.curio import HarmonyDemandSource
+
+        return HarmonyDemandSource()
+    raise DemandError(f"unknown demand source {name!r}; set WARDEN_DEMAND_SOURCE=local")
+
+
+def set_override(source) -> None:
+    """Route ``get_source()`` to ``source`` (scenario replay); ``None`` restores."""
+    global _override
+    _override = source
+
+
+def read_demand(instances) -> DemandReading:
+    """Read demand for our non-killed ``instances``; any failure is ``state="unknown"``."""
+    from fleet.clock import clock
+
+    try:
+        reading = get_source().read(instances)
+    except Exception as exc:  # noqa: BLE001 — an unreadable source is 'unknown', never zero
+        return DemandReading.unknown(f"{type(exc).__name__}: {exc}", taken_at=clock.now())
+    if reading.taken_at is None:
+        reading.taken_at = clock.now()
+    return reading

@@ -1,0 +1,57 @@
+"""The demand reading every source returns, and the error it raises.
+
+A failed read is ``state="unknown"`` with every count ``None`` — never zeros (DESIGN.md
+invariant 7, curio.md §3.4 "DB unreachable ⇒ demand unknown, not 0").
+"""
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+
+@dataclass
+class WorkerView:
+    """Curio's view of one worker: heartbeat ``live``, cordoned (``unschedulable``), tasks owned."""
+
+    name: str
+    live: bool
+    unschedulable: bool = False
+    owned_tasks: int = 0
+    last_contact: datetime | None = None
+    machine_id: int | None = None
+
+
+@dataclass
+class DemandReading:
+    """One read of demand.
+
+    ``queued``: proving tasks no live worker owns (Curio: ``owner_id IS NULL``, plus tasks owned
+    by a dead node, which Curio has not yet requeued). ``running``: tasks owned by live workers.
+    ``workers_expected``: our instances that should be running a worker, past the startup grace.
+    ``workers_live``: expected workers with a fresh heartbeat that are not cordoned.
+    ``workers_dead``: expected minus live minus cordoned (a cordoned worker drains, it is not dead).
+    ``proofs_hr``: successful proofs over the last hour. ``active``: Curio-style flag (some task
+    running) — kept only to show that it must not be read as "no demand".
+    ``workers`` maps a worker name (our ``Instance.worker_name``) to its :class:`WorkerView`.
+    """
+
+    state: str
+    queued: int | None = None
+    running: int | None = None
+    workers_expected: int | None = None
+    workers_live: int | None = None
+    workers_dead: int | None = None
+    workers_cordoned: int | None = None
+    proofs_hr: float | None = None
+    active: bool | None = None
+    oldest_queued_s: float | None = None
+    error: str = ""
+    taken_at: datetime | None = None
+    workers: dict[str, WorkerView] = field(default_factory=dict)
+
+    @classmethod
+    def unknown(cls, error: str, taken_at: datetime | None = None) -> "DemandReading":
+        return cls(state="unknown", error=error, taken_at=taken_at)
+
+
+class DemandError(Exception):
+    """The demand source could not be read (the caller turns it into ``state="unknown"``)."""

@@ -1,0 +1,22 @@
+"""Change topics raised by the fleet and the agent, delivered after the transaction commits.
+
+``emit("fleet-changed", "runs-changed")`` schedules one ``changed`` signal per commit; the
+console (``console.broadcast``) listens and pushes the topic names to every open console over
+the websocket, where each region re-fetches its own partial. Lower layers never import the
+console (dependency direction console → agent → fleet).
+
+Topics: fleet-changed, demand-changed, runs-changed, chat-changed, approvals-changed,
+alerts-changed, actions-changed, settings-changed.
+"""
+
+from django.db import transaction
+from django.dispatch import Signal
+
+#: sent with ``topics=[...]`` after commit
+changed = Signal()
+
+
+def emit(*topics: str) -> None:
+    """Announce ``topics`` once the current transaction commits (at once outside one)."""
+    topics = tuple(dict.fromkeys(topics))
+    transaction.on_commit(lambda: changed.send(sender=None, topics=list(topics)))

@@ -1,0 +1,125 @@
+"""Curio's HarmonyDB tables as unmanaged models, read (and, by the demo worker, written) via the ORM.
+
+Source: ``../shared/reference/curio.md`` §3.2 (tables and columns at Curio HEAD 2026-08).
+The tables live in the database alias ``harmony``; against a real Curio point
+HARMONY_DATABASE_URL at its Yugabyte/PostgreSQL with ``?options=-csearch_path%3Dcurio``.
+The demo (SQLite by default) creates them with :func:`ensure_schema`.
+"""
+
+from django.db import connections, models
+
+HARMONY_ALIAS = "harmony"
+
+
+class HarmonyMachine(models.Model):
+    """``harmony_machines``: one row per running Curio node; ``last_contact`` is its heartbeat."""
+
+    last_contact = models.DateTimeField()
+    host_and_port = models.CharField(max_length=300)
+    cpu = models.IntegerField(default=0)
+    ram = models.BigIntegerField(default=0)
+    gpu = models.FloatField(default=0)
+    unschedulable = models.BooleanField(default=False)
+    restart_request = models.DateTimeField(null=True)
+
+    class Meta:
+        managed = False
+        db_table = "harmony_machines"
+        app_label = "fleet"
+
+
+class HarmonyMachineDetails(models.Model):
+    """``harmony_machine_details``: task names (comma-joined) and ``machine_name`` of a node."""
+
+    machine = models.OneToOneField(HarmonyMachine, on_delete=models.CASCADE, db_column="machine_id")
+    tasks = models.TextField(default="")
+    layers = models.TextField(default="")
+    startup_time = models.DateTimeField(null=True)
+    miners = models.TextField(default="")
+    machine_name = models.TextField(default="")
+
+    class Meta:
+        managed = False
+        db_table = "harmony_machine_details"
+        app_label = "fleet"
+
+
+class HarmonyTask(models.Model):
+    """``harmony_task``: uncompleted work. ``owner_id`` null means queued; done tasks are deleted."""
+
+    name = models.CharField(max_length=16)
+    owner = models.ForeignKey(
+        HarmonyMachine, null=True, on_delete=models.SET_NULL, db_column="owner_id", db_constraint=False
+    )
+    posted_time = models.DateTimeField()
+    update_time = models.DateTimeField()
+    added_by = models.IntegerField(default=0)
+    initiated_by = models.IntegerField(null=True)
+    previous_task = models.IntegerField(null=True)
+    retries = models.BigIntegerField(default=0)
+
+    class Meta:
+        managed = False
+        db_table = "harmony_task"
+        app_label = "fleet"
+
+
+class HarmonyTaskHistory(models.Model):
+    """``harmony_task_history``: one row per finished attempt (``result`` true on success)."""
+
+    task_id = models.IntegerField()
+    name = models.CharField(max_length=16)
+    posted = models.DateTimeField()
+    work_start = models.DateTimeField()
+    work_end = models.DateTimeField(db_index=True)
+    result = models.BooleanField()
+    err = models.CharField(max_length=500, default="")
+    completed_by_host_and_port = models.CharField(max_length=300)
+
+    class Meta:
+        managed = False
+        db_table = "harmony_task_history"
+        app_label = "fleet"
+
+
+HARMONY_MODELS = [HarmonyMachine, HarmonyMachineDetails, HarmonyTask, HarmonyTaskHistory]
+
+
+class HarmonyRouter:
+    """Send the harmony models to the ``harmony`` alias and nothing else there."""
+
+    def _is_harmony(self, model) -> bool:
+        return model in HARMONY_MODELS
+
+    def db_for_read(self, model, **hints):
+        return HARMONY_ALIAS if self._is_harmony(model) else None
+
+    db_for_write = db_for_read
+
+    def allow_relation(self, obj1, obj2, **hints):
+        if self._is_harmony(type(obj1)) and self._is_harmony(type(obj2)):
+            return True
+        if self._is_harmony(type(obj1)) or self._is_harmony(type(obj2)):
+            return False
+        return None
+
+    def allow_migrate(self, db, app_label, model_name=None, **hints):
+        # Our own tables never go to the harmony database.
+        return db != HARMONY_ALIAS
+
+
+def ensure_schema(alias: str = HARMONY_ALIAS) -> list[str]:
+    """Create the HarmonyDB tables the demo needs on ``alias`` if they are missing.
+
+    Returns the names of the tables created. Never touches a table that exists (so it is safe,
+    and a no-op, against a real Curio database).
+    """
+    conn = connections[alias]
+    existing = set(conn.introspection.table_names())
+    created = []
+    with conn.schema_editor() as editor:
+        for model in HARMONY_MODELS:
+            if model._meta.db_table not in existing:
+                editor.create_model(model)
+                created.append(model._meta.db_table)
+    return created

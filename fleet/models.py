@@ -1,0 +1,138 @@
+"""The fleet's records: instances we rent or run, demand samples, diagnoses and alerts.
+
+HarmonyDB (Curio's queue) is read through the unmanaged models in ``fleet.harmony``.
+"""
+
+from django.db import models
+
+from fleet.harmony import (  # noqa: F401  (registered with the app)
+    HarmonyMachine,
+    HarmonyMachineDetails,
+    HarmonyTask,
+    HarmonyTaskHistory,
+)
+
+# Provider statuses (vast.ai's ``actual_status`` vocabulary, vastai.md §2.4) plus our own.
+PENDING_STATUSES = {"created", "loading", "scheduling", "rebooting", ""}
+TERMINAL_STATUSES = {"exited", "error", "unknown", "offline"}
+BILLABLE_STATUSES = {"running", "frozen", "loading", "created", "scheduling", "rebooting", "stopped"}
+
+
+class Instance(models.Model):
+    """One machine of the fleet: a provider instance (vast.ai, an owned SSH host, a local process).
+
+    ``status`` is what the provider last reported (vast ``actual_status`` terms: created, loading,
+    running, stopped, exited, error, unknown, offline); ``intended_status`` what we asked for.
+    ``killed_at`` set means the instance is gone (destroyed or vanished) and kept for history.
+    ``dph`` is dollars per hour.
+    """
+
+    provider = models.CharField(max_length=20)
+    external_id = models.CharField(max_length=64)
+    label = models.CharField(max_length=100, blank=True)
+    gpu_name = models.CharField(max_length=64, blank=True)
+    status = models.CharField(max_length=20, default="created")
+    intended_status = models.CharField(max_length=20, default="running")
+    status_msg = models.TextField(blank=True)
+    status_since = models.DateTimeField()
+    dph = models.FloatField(default=0.0)
+    ssh_host = models.CharField(max_length=255, blank=True)
+    ssh_port = models.PositiveIntegerField(null=True, blank=True)
+    # local provider: the worker process
+    pid = models.IntegerField(null=True, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    log_path = models.CharField(max_length=500, blank=True)
+    # Curio machine_name this instance's worker registers under (curio.md §3.4 mapping)
+    worker_name = models.CharField(max_length=100, blank=True)
+    created_at = models.DateTimeField()
+    started_at = models.DateTimeField(null=True, blank=True)
+    killed_at = models.DateTimeField(null=True, blank=True)
+    killed_by = models.CharField(max_length=100, blank=True)
+    kill_reason = models.TextField(blank=True)
+    destroy_requested_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        unique_together = [("provider", "external_id")]
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return self.external_id
+
+    @property
+    def is_killed(self) -> bool:
+        return self.killed_at is not None
+
+    @property
+    def is_owned_host(self) -> bool:
+        """An operator-owned SSH host: never destroyed by the agent or the monitor."""
+        return self.provider == "ssh"
+
+
+class DemandSample(models.Model):
+    """One read of the demand source.
+
+    ``state``: ``ok`` (read succeeded), ``unknown`` (the source could not be read: every count is
+    null, never zero), ``stale`` (the newest good read is too old). ``idle_since`` is when the
+    queue was last seen becoming empty (null while tasks are queued or running).
+    """
+
+    STATES = [("ok", "ok"), ("unknown", "unknown"), ("stale", "stale")]
+    taken_at = models.DateTimeField(db_index=True)
+    state = models.CharField(max_length=10, choices=STATES)
+    error = models.TextField(blank=True)
+    queued = models.IntegerField(null=True)
+    running = models.IntegerField(null=True)
+    workers_expected = models.IntegerField(null=True)
+    workers_live = models.IntegerField(null=True)
+    workers_dead = models.IntegerField(null=True)
+    workers_cordoned = models.IntegerField(null=True)
+    proofs_hr = models.FloatField(null=True)
+    active = models.BooleanField(null=True)
+    idle_since = models.DateTimeField(null=True)
+    detail = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-taken_at"]
+
+
+class Diagnosis(models.Model):
+    """A verdict on one instance's health from evidence gathered over SSH or from the provider.
+
+    ``health``: healthy | degraded | failed. ``fault_class``: host | container | app | network
+    (empty when healthy). ``evidence`` maps each command run to ``{"rc": int, "out": str}``.
+    """
+
+    HEALTH = [("healthy", "healthy"), ("degraded", "degraded"), ("failed", "failed")]
+    instance = models.ForeignKey(Instance, on_delete=models.CASCADE, related_name="diagnoses")
+    taken_at = models.DateTimeField(db_index=True)
+    health = models.CharField(max_length=10, choices=HEALTH)
+    fault_class = models.CharField(max_length=10, blank=True)
+    cause = models.TextField(blank=True)
+    source = models.CharField(max_length=10, default="ssh")
+    evidence = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-taken_at"]
+
+
+class Alert(models.Model):
+    """Something an operator should look at. Deduplicated per episode by ``key``.
+
+    ``kind`` is one of SCENARIOS.md's alert kinds (workers_dead, demand_unknown, provider_error,
+    prompt_injection, breaker_tripped, destroy_unconfirmed, stuck_provisioning, budget, escalation).
+    """
+
+    STATES = [("firing", "firing"), ("acknowledged", "acknowledged"), ("resolved", "resolved")]
+    kind = models.CharField(max_length=40)
+    key = models.CharField(max_length=200, db_index=True)
+    severity = models.CharField(max_length=4, default="P2")
+    message = models.TextField()
+    instance = models.ForeignKey(Instance, null=True, blank=True, on_delete=models.SET_NULL)
+    state = models.CharField(max_length=15, choices=STATES, default="firing")
+    raised_at = models.DateTimeField()
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    acknowledged_by = models.CharField(max_length=150, blank=True)
+    ack_comment = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-raised_at"]

@@ -1,0 +1,80 @@
+"""What every provider (local, scenario, later vastai and ssh) offers the fleet and the agent.
+
+DESIGN.md invariant 7: an empty, malformed or failed read raises :class:`ProviderError`; it is
+never read as "zero instances".
+"""
+
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+
+
+class ProviderError(Exception):
+    """A provider call failed.
+
+    ``kind``: ``transient`` (timeouts, connection errors, 429, 5xx: worth a retry),
+    ``permanent`` (4xx, permission, not found) or ``semantic`` (it answered, but the answer is
+    malformed or contradicts itself). ``code`` is a short machine name such as ``http_429``,
+    ``timeout``, ``empty_body``, ``not_found``.
+    """
+
+    def __init__(self, message: str, *, kind: str = "permanent", code: str = ""):
+        super().__init__(message)
+        self.kind = kind
+        self.code = code
+
+
+@dataclass
+class ProviderInstance:
+    """One instance as the provider reports it (vast ``actual_status`` vocabulary for ``status``)."""
+
+    external_id: str
+    status: str
+    intended_status: str = "running"
+    status_msg: str = ""
+    gpu_name: str = ""
+    dph: float = 0.0
+    label: str = ""
+    ssh_host: str = ""
+    ssh_port: int | None = None
+    pid: int | None = None
+    exit_code: int | None = None
+    log_path: str = ""
+    worker_name: str = ""
+    started_at: datetime | None = None
+    extra: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["started_at"] = self.started_at.isoformat() if self.started_at else None
+        return d
+
+
+class Provider:
+    """Base class. Subclasses set ``name`` and implement the calls they support.
+
+    Every method raises :class:`ProviderError` on failure. ``launch`` returns the new instance;
+    ``stop``/``destroy``/``resume``/``reboot`` take the provider's ``external_id``.
+    """
+
+    name = "base"
+
+    def list_instances(self) -> list[ProviderInstance]:
+        raise NotImplementedError
+
+    def launch(self, *, gpu_name: str = "", offer_id: str = "", label: str = "") -> ProviderInstance:
+        raise ProviderError(f"{self.name}: launch is not supported", kind="permanent", code="unsupported")
+
+    def stop(self, external_id: str) -> None:
+        raise ProviderError(f"{self.name}: stop is not supported", kind="permanent", code="unsupported")
+
+    def resume(self, external_id: str) -> None:
+        raise ProviderError(f"{self.name}: resume is not supported", kind="permanent", code="unsupported")
+
+    def reboot(self, external_id: str) -> None:
+        raise ProviderError(f"{self.name}: reboot is not supported", kind="permanent", code="unsupported")
+
+    def destroy(self, external_id: str) -> None:
+        raise ProviderError(f"{self.name}: destroy is not supported", kind="permanent", code="unsupported")
+
+    def search_offers(self, *, gpu_name: str = "", max_dph: float | None = None, limit: int = 10) -> list[dict]:
+        raise ProviderError(f"{self.name}: search_offers is not supported", kind="permanent", code="unsupported")

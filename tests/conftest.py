@@ -1,0 +1,34 @@
+"""Shared test set-up: PostgreSQL test databases for both aliases, HarmonyDB tables, named users.
+
+``make test`` points DATABASE_URL / HARMONY_DATABASE_URL / REDIS_URL at the local servers.
+"""
+
+import pytest
+from django.contrib.auth.models import Group, User
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup, django_db_blocker):
+    """After pytest-django builds the test databases, create the HarmonyDB tables on ``harmony``."""
+    from fleet.harmony import ensure_schema
+
+    with django_db_blocker.unblock():
+        ensure_schema("harmony")
+
+
+@pytest.fixture
+def alice(db):
+    """An operator: acts and approves."""
+    user = User.objects.create_user("alice", password="alice-pass-1")
+    group, _ = Group.objects.get_or_create(name="operators")
+    user.groups.add(group)
+    return user
+
+
+@pytest.fixture
+def bob(db):
+    """A viewer: sees everything, actions disabled."""
+    user = User.objects.create_user("bob", password="bob-pass-1")
+    group, _ = Group.objects.get_or_create(name="viewers")
+    user.groups.add(group)
+    return user
