@@ -58,6 +58,10 @@ class Run(models.Model):
     tokens_out = models.PositiveIntegerField(default=0)
     included_in_prompt = models.BooleanField(default=True)
     final_report = models.TextField(blank=True)
+    final_answer = models.TextField(blank=True)
+    # instance ids / numbers in the final answer that appear in no observation of the run
+    entailment_flags = models.JSONField(default=list, blank=True)
+    cancel_requested = models.BooleanField(default=False)
     started_at = models.DateTimeField()
     ended_at = models.DateTimeField(null=True, blank=True)
 

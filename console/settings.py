@@ -233,7 +233,9 @@ WARDEN = {
     # caps
     "MAX_INSTANCES": envint("WARDEN_MAX_INSTANCES", 4),
     "MAX_DPH": envfloat("WARDEN_MAX_DPH", 10.0),
-    "DEFAULT_TARGET_PROOFS_HR": envfloat("WARDEN_TARGET_PROOFS_HR", 120),
+    "DEFAULT_TARGET_PROOFS_HR": envfloat("WARDEN_TARGET_PROOFS_HR", 360),
+    # every tool policy "auto": the agent acts without approvals (the demo's unattended mode)
+    "UNATTENDED": envbool("WARDEN_UNATTENDED", False),
     # the local demo
     "PROOF_SECONDS": envfloat("WARDEN_PROOF_SECONDS", 20),
     "LOCAL_DPH": envfloat("WARDEN_LOCAL_DPH", 0.0),

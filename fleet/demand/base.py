@@ -29,7 +29,9 @@ class DemandReading:
     ``workers_expected``: our instances that should be running a worker, past the startup grace.
     ``workers_live``: expected workers with a fresh heartbeat that are not cordoned.
     ``workers_dead``: expected minus live minus cordoned (a cordoned worker drains, it is not dead).
-    ``proofs_hr``: successful proofs over the last hour. ``active``: Curio-style flag (some task
+    ``proofs_hr``: successful proofs over the last hour. ``idle_since``: since when the queue
+    has been empty with nothing running, when the source knows (else the observer derives it
+    from earlier samples). ``active``: Curio-style flag (some task
     running) — kept only to show that it must not be read as "no demand".
     ``workers`` maps a worker name (our ``Instance.worker_name``) to its :class:`WorkerView`.
     """
@@ -44,6 +46,7 @@ class DemandReading:
     proofs_hr: float | None = None
     active: bool | None = None
     oldest_queued_s: float | None = None
+    idle_since: datetime | None = None
     error: str = ""
     taken_at: datetime | None = None
     workers: dict[str, WorkerView] = field(default_factory=dict)

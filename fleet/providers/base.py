@@ -78,3 +78,22 @@ class Provider:
 
     def search_offers(self, *, gpu_name: str = "", max_dph: float | None = None, limit: int = 10) -> list[dict]:
         raise ProviderError(f"{self.name}: search_offers is not supported", kind="permanent", code="unsupported")
+
+    def command_runner(self, instance):
+        """A runner for diagnostics on ``instance`` (``fleet.diagnostics``), or ``None``.
+
+        Default: SSH to ``instance.ssh_host:ssh_port`` as WARDEN_SSH_USER with the key file named
+        by WARDEN_SSH_KEY_FILE (a reference, read at use), when the instance has an SSH host.
+        """
+        if not instance.ssh_host:
+            return None
+        import os
+
+        from fleet.diagnostics import SSHRunner
+
+        return SSHRunner(
+            instance.ssh_host,
+            instance.ssh_port or 22,
+            user=os.environ.get("WARDEN_SSH_USER", "root"),
+            key_filename=os.environ.get("WARDEN_SSH_KEY_FILE") or None,
+        )

@@ -1,0 +1,154 @@
+"""Every change of agent or fleet state an operator, the agent or the monitor makes: one ``do_*`` each.
+
+Each action writes its :class:`~agent.models.AuditLog` row and announces change topics after
+commit (``fleet.events.emit``), so the UI, CLI, Celery tasks and the agent's tool layer all log
+and push the same way (Zulip's ``zerver/actions`` pattern, reference/style.md §1.2).
+"""
+
+from django.db import transaction
+
+from agent.models import AuditLog, Run, SessionState, Step
+from agent.secrets import redact, redact_obj
+from fleet.clock import clock
+from fleet.events import emit
+
+
+def do_audit(actor: str, verb: str, target: str = "", reason: str = "", before=None, after=None) -> AuditLog:
+    """Write one audit row (secrets redacted) and announce ``actions-changed``."""
+    row = AuditLog.objects.create(
+        at=clock.now(),
+        actor=actor,
+        verb=verb,
+        target=str(target)[:200],
+        reason=redact(reason or ""),
+        before=redact_obj(before),
+        after=redact_obj(after),
+    )
+    emit("actions-changed")
+    return row
+
+
+@transaction.atomic
+def do_set_target(target: float, actor: str, reason: str = "") -> SessionState:
+    """Set the target proofs/hr on the session anchor. Raises ValueError for a negative or non-number target."""
+    try:
+        target = float(target)
+    except (TypeError, ValueError):
+        raise ValueError("target proofs/hr must be a number, e.g. 120") from None
+    if target < 0 or target != target or target > 1_000_000:
+        raise ValueError("target proofs/hr must be between 0 and 1,000,000")
+    state = SessionState.get()
+    before = state.target_proofs_hr
+    state.target_proofs_hr = target
+    state.save(update_fields=["target_proofs_hr", "updated_at"])
+    do_audit(actor, "set_target", "session", reason, {"target_proofs_hr": before}, {"target_proofs_hr": target})
+    emit("demand-changed", "settings-changed")
+    return state
+
+
+@transaction.atomic
+def do_post_message(text: str, actor: str) -> Step:
+    """Record an operator's chat message as a ``message`` step of a holding run for chat.
+
+    The message is stored (redacted) on a run of trigger ``chat`` created for it; the cycle the
+    view then starts picks it up as the operator's instruction. Raises ValueError when empty.
+    """
+    text = (text or "").strip()
+    if not text:
+        raise ValueError("the message is empty; type what the agent should do")
+    if len(text) > 4000:
+        raise ValueError("the message is longer than 4,000 characters; shorten it")
+    state = SessionState.objects.select_for_update().get(pk=SessionState.get().pk)
+    run = Run.objects.create(
+        number=state.next_run_id,
+        epoch=state.epoch,
+        trigger="chat",
+        planner="",
+        status="queued",
+        started_at=clock.now(),
+    )
+    state.next_run_id += 1
+    state.save(update_fields=["next_run_id", "updated_at"])
+    step = Step.objects.create(
+        run=run, seq=0, kind="message", actor=actor, text=redact(text), created_at=clock.now()
+    )
+    do_audit(actor, "chat_message", f"run {run.number}", "", None, {"text": redact(text)[:500]})
+    emit("chat-changed", "runs-changed")
+    return step
+
+
+def _inst_state(inst) -> dict:
+    return {"status": inst.status, "intended_status": inst.intended_status, "killed": inst.killed_at is not None}
+
+
+def do_launch_instance(*, gpu_name: str = "", offer_id: str = "", actor: str, reason: str = ""):
+    """Launch one instance through the configured provider and record it.
+
+    Returns the new :class:`fleet.models.Instance`. Raises ``ProviderError`` when the provider
+    refuses or fails (nothing is recorded then).
+    """
+    from fleet.models import Instance
+    from fleet.providers import get_provider
+
+    provider = get_provider()
+    pi = provider.launch(gpu_name=gpu_name, offer_id=offer_id, label="warden")
+    now = clock.now()
+    inst = Instance.objects.create(
+        provider=provider.name,
+        external_id=pi.external_id,
+        label=pi.label,
+        gpu_name=pi.gpu_name or gpu_name,
+        status=pi.status,
+        intended_status="running",
+        status_msg=pi.status_msg,
+        status_since=now,
+        dph=pi.dph,
+        ssh_host=pi.ssh_host,
+        ssh_port=pi.ssh_port,
+        pid=pi.pid,
+        log_path=pi.log_path,
+        worker_name=pi.worker_name or pi.external_id,
+        created_at=now,
+        started_at=pi.started_at or now,
+    )
+    do_audit(actor, "launch_instance", inst.external_id, reason, None, _inst_state(inst))
+    emit("fleet-changed")
+    return inst
+
+
+def do_instance_action(inst, action: str, *, actor: str, reason: str = "") -> None:
+    """Stop, resume, reboot or destroy ``inst`` through its provider; audit and announce.
+
+    ``action``: stop | resume | reboot | destroy. A destroy counts only once a re-list confirms
+    the instance is gone (autoscalers.md rule 9): then it is marked killed; until then
+    ``destroy_requested_at`` is set and the monitor keeps checking. Raises ``ProviderError``.
+    """
+    from fleet.providers import get_provider
+
+    provider = get_provider(inst.provider)
+    before = _inst_state(inst)
+    now = clock.now()
+    getattr(provider, action)(inst.external_id)
+    fields = ["status", "intended_status", "status_since"]
+    if action == "stop":
+        inst.intended_status, inst.status = "stopped", "stopped"
+    elif action == "resume":
+        inst.intended_status = "running"
+    elif action == "reboot":
+        inst.status = "rebooting"
+    elif action == "destroy":
+        inst.intended_status = "destroyed"
+        inst.destroy_requested_at = now
+        fields.append("destroy_requested_at")
+        try:
+            confirmed = inst.external_id not in {pi.external_id for pi in provider.list_instances()}
+        except Exception:  # noqa: BLE001 — unconfirmed; the monitor re-checks
+            confirmed = False
+        if confirmed:
+            inst.killed_at, inst.killed_by, inst.kill_reason = now, actor, reason or "destroyed"
+            inst.status = "destroyed"
+            fields += ["killed_at", "killed_by", "kill_reason"]
+    inst.status_since = now
+    inst.save(update_fields=fields)
+    do_audit(actor, f"{action}_instance", inst.external_id, reason, before, _inst_state(inst))
+    emit("fleet-changed")

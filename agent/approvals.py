@@ -1,0 +1,47 @@
+"""Operator decisions on parked calls: exactly once, durable, audited.
+
+A decision is a conditional UPDATE ``waiting → approved|rejected`` (healthchecks' "the row is
+the queue"): a double click, two operators at once or a replayed POST change the row once; the
+others get :class:`DecisionError`. Execution happens later in ``agent.loop.resume_run``, where the
+guards run again and the idempotency claim makes the side effect run at most once.
+"""
+
+from django.db import transaction
+
+from agent.actions import do_audit
+from agent.models import Approval
+from fleet.clock import clock
+from fleet.events import emit
+
+
+class DecisionError(ValueError):
+    """The decision cannot be taken (already decided, expired, bad input); the message says why."""
+
+
+def do_decide(approval: Approval, decision: str, actor: str, comment: str = "", user=None) -> Approval:
+    """Approve or reject ``approval`` once. ``decision``: ``approve`` | ``reject``.
+
+    A rejection needs a comment. Raises :class:`DecisionError` when the approval is no longer
+    waiting (someone decided first, or it expired) or the input is bad.
+    """
+    if decision not in ("approve", "reject"):
+        raise DecisionError("decision must be approve or reject")
+    comment = (comment or "").strip()
+    if decision == "reject" and not comment:
+        raise DecisionError("a rejection needs a comment saying why")
+    status = "approved" if decision == "approve" else "rejected"
+    now = clock.now()
+    with transaction.atomic():
+        n = Approval.objects.filter(pk=approval.pk, status="waiting", expires_at__gte=now).update(
+            status=status, decided_by=user, comment=comment[:2000], decided_at=now
+        )
+        if n != 1:
+            current = Approval.objects.get(pk=approval.pk)
+            if current.status == "waiting":
+                raise DecisionError(f"approval {approval.pk} has expired")
+            raise DecisionError(f"approval {approval.pk} was already {current.status}")
+        do_audit(actor, f"{decision}_call", f"approval {approval.pk}", comment,
+                 {"status": "waiting"}, {"status": status, "tool": approval.tool, "args": approval.args})
+        emit("approvals-changed", "runs-changed")
+    approval.refresh_from_db()
+    return approval

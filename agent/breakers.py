@@ -1,0 +1,142 @@
+"""Circuit breakers: proposals are scored before anything runs; each breaker halts the run.
+
+Definitions are SCENARIOS.md's reason table (sources: seed 001's breaker catalogue, seed 000's
+three-strikes rule):
+
+- ``max_steps``: the run already took ``max_steps`` planner turns (a batch is one turn);
+- ``same_error``: the last N errors were the same (error class and message, not the call's
+  arguments); errors are calls with outcome ``error`` and ``invalid_args`` refusals only;
+- ``identical_args``: the same tool with the same canonical arguments already ran in an earlier
+  turn, and nothing that changes the world happened after it (no other successful side effect,
+  no new diagnosis, no operator decision); refused calls never count as having run; calls of one
+  batch are not compared with each other;
+- ``text_only_spiral``: N consecutive text-only turns;
+- ``forbidden_tool``: a known tool whose policy is ``forbidden``;
+- ``forged_observation``: the planner tried to author a tool result;
+- ``wall_clock`` / ``token_budget``: the run's time (on ``fleet.clock``) or tokens ran out;
+- ``three_strikes``: a tool failed three times in this run and has no fallback.
+
+The state is rebuilt from the run's persisted steps, so a resumed run keeps its counts.
+"""
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from agent.models import Run, Step
+from agent.tools import TOOLS, canonical_json
+from fleet.clock import clock
+
+RAN = {"executed", "approved_executed", "error"}
+SUCCESS = {"executed", "approved_executed"}
+
+
+@dataclass
+class Halt:
+    """A breaker's reason code and detail."""
+
+    code: str
+    detail: str
+
+
+@dataclass
+class BreakerState:
+    """Counts a run's breakers read. Built by :meth:`load` from the run's steps."""
+
+    limits: object
+    turns: int = 0
+    errors: list = field(default_factory=list)
+    text_streak: int = 0
+    failures: Counter = field(default_factory=Counter)
+    ran: list = field(default_factory=list)  # (seq, turn, tool, canon)
+    changes: list = field(default_factory=list)  # (seq, turn) of world-changing events
+    started: float = 0.0
+    tokens: int = 0
+
+    @classmethod
+    def load(cls, run: Run, limits) -> "BreakerState":
+        """Rebuild from ``run``'s steps; the wall clock starts now (active time only)."""
+        st = cls(limits=limits, started=clock.monotonic(), tokens=run.tokens_in + run.tokens_out)
+        turns = set()
+        for s in run.steps.filter(kind__in=["call", "text"], actor="agent").order_by("seq"):
+            if s.turn is not None:
+                turns.add(s.turn)
+            if s.kind == "text":
+                st.text_streak += 1
+                continue
+            st.record_call(s)
+        st.turns = len(turns)
+        # operator decisions change the world
+        for a in run.approvals.exclude(decided_at=None).select_related("step"):
+            st.changes.append((a.step.seq, a.step.turn))
+        return st
+
+    # -- recording ---------------------------------------------------------------------------
+    def record_call(self, s: Step) -> None:
+        """Account one finished call step (any outcome)."""
+        self.text_streak = 0
+        if s.outcome in RAN:
+            self.ran.append((s.seq, s.turn, s.tool, canonical_json(s.args)))
+        if s.outcome in SUCCESS:
+            spec = TOOLS.get(s.tool)
+            if spec is not None and (spec.side_effect or spec.changes_world):
+                self.changes.append((s.seq, s.turn))
+        if s.outcome == "error" or (s.outcome == "refused" and s.reason_code == "invalid_args"):
+            self.errors.append((s.error_kind or s.reason_code, _error_message(s)))
+        if s.outcome == "error":
+            self.failures[s.tool] += 1
+
+    def record_text(self) -> None:
+        self.text_streak += 1
+
+    def record_decision(self, seq: int, turn: int | None) -> None:
+        self.changes.append((seq, turn))
+
+    # -- scoring -----------------------------------------------------------------------------
+    def before_turn(self, run: Run) -> Halt | None:
+        """Caps checked before the planner is asked for another turn."""
+        lim = self.limits
+        if self.turns >= lim.max_steps:
+            return Halt("max_steps", f"the run took {self.turns} turns; the cap is {lim.max_steps}")
+        elapsed = clock.monotonic() - self.started
+        if elapsed > lim.wall_clock_s:
+            return Halt("wall_clock", f"the run ran {elapsed:.0f}s; the budget is {lim.wall_clock_s}s")
+        used = run.tokens_in + run.tokens_out
+        if used > lim.token_budget:
+            return Halt("token_budget", f"the run used {used} tokens; the budget is {lim.token_budget}")
+        return None
+
+    def identical(self, tool: str, args: dict, turn: int) -> Halt | None:
+        """``identical_args`` for one proposed call of turn ``turn``."""
+        canon = canonical_json(args)
+        for seq, t, rtool, rcanon in self.ran:
+            if t is None or t >= turn or rtool != tool or rcanon != canon:
+                continue
+            if any(cseq > seq and cseq != seq for cseq, _ in self.changes):
+                continue
+            return Halt("identical_args", f"{tool} with the same arguments already ran in turn {t} and nothing changed since")
+        return None
+
+    def after_text(self) -> Halt | None:
+        if self.text_streak >= self.limits.text_only_spiral:
+            return Halt("text_only_spiral", f"{self.text_streak} consecutive turns without a tool call")
+        return None
+
+    def after_error(self, tool: str, has_fallback: bool) -> Halt | None:
+        """Checked after each error: ``same_error`` then ``three_strikes``."""
+        n = self.limits.same_error
+        if len(self.errors) >= n and len(set(self.errors[-n:])) == 1:
+            kind, msg = self.errors[-1]
+            return Halt("same_error", f"the last {n} errors were the same: {msg[:200]}")
+        if self.failures[tool] >= self.limits.three_strikes and not has_fallback:
+            return Halt("three_strikes", f"{tool} failed {self.failures[tool]} times in this run and has no fallback")
+        return None
+
+
+def _error_message(s: Step) -> str:
+    """An error's message without the call's arguments (so different ids compare equal)."""
+    msg = s.detail or ""
+    if s.args:
+        for v in s.args.values():
+            if isinstance(v, str) and len(v) >= 2:
+                msg = msg.replace(v, "…")
+    return msg

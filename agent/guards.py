@@ -1,0 +1,194 @@
+"""The fleet's structural guards: code the model cannot talk past (DESIGN.md invariants 1–3).
+
+:func:`check` returns the first refusal that applies to one call, in SCENARIOS.md's order:
+``duplicate``, ``priority_required``, ``owned_host``, ``demand_guard``, ``owned_tasks``,
+``hold_off``, ``launch_pending``, ``instance_cap``, ``budget_cap``, ``diagnosis_required``,
+``in_flight``, ``rate_limited``. Guards run when a call is proposed and again at dispatch of an
+approved call (an approval granted on stale facts executes nothing).
+
+Rules and their sources:
+- scale-down (stop/destroy of a non-terminal instance) is refused while demand is not ``ok``,
+  tasks are queued, or an expected worker is dead (seed 002; autoscalers.md §1.7 rules 2, 12);
+  demand is re-read right before the check;
+- never while the instance's worker owns tasks (curio.md §3.3; autoscalers.md rule 4);
+- only after the queue has been empty for the dwell and not within the hold-off after a launch
+  (cluster-autoscaler scale-down-unneeded-time / delay-after-add; autoscalers.md rule 3);
+- terminal instances (provider exited/error/unknown/offline, stuck provisioning past the limit,
+  or a fresh diagnosis failed/host) are replaced, not scaled down: the three rules above skip them;
+- stop, and destroy of a non-terminal instance, need a fresh diagnosis (seed 002: HTTP 428);
+- an operator-owned SSH host is never destroyed by the agent or the monitor (dstack SSH fleets);
+- no launch while an earlier launch is pending (SkyPilot), within the instance and $/hr caps.
+"""
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.db.models import Max
+
+from agent.models import Approval, SideEffect
+from agent.policy import PRIORITIES
+from agent.tools import canonical_json
+from fleet.clock import clock
+from fleet.models import PENDING_STATUSES, TERMINAL_STATUSES, Instance
+from fleet.providers import ProviderError, get_provider
+
+SCALE_DOWN_TOOLS = {"stop_instance", "destroy_instance"}
+
+
+@dataclass
+class Refusal:
+    """A guard's ``code`` (SCENARIOS.md reason code) and a one-line ``detail`` for the operator."""
+
+    code: str
+    detail: str
+
+
+def is_terminal(inst: Instance, world) -> tuple[bool, str]:
+    """Whether ``inst`` is terminal (replace, don't scale down), with why."""
+    if inst.status in TERMINAL_STATUSES:
+        return True, f"provider status {inst.status}"
+    limit = timedelta(minutes=world.limits.provisioning_limit_min)
+    if inst.status in PENDING_STATUSES and clock.now() - inst.status_since > limit:
+        return True, f"stuck {inst.status or 'provisioning'} past {world.limits.provisioning_limit_min} min"
+    d = world.fresh_diagnosis(inst)
+    if d is not None and d.health == "failed" and d.fault_class == "host":
+        return True, f"diagnosed failed (host): {d.cause}"
+    return False, ""
+
+
+def last_launch_at(world):
+    """Time of the most recent launch we know of (agent side effects or instances created)."""
+    se = SideEffect.objects.filter(tool="launch_instance", status="done").aggregate(t=Max("claimed_at"))["t"]
+    created = max((i.created_at for i in world.instances), default=None)
+    times = [t for t in (se, created) if t is not None]
+    return max(times) if times else None
+
+
+def _launch_price(args: dict) -> float:
+    """$/hr of the launch ``args`` ask for: the named offer, else the cheapest matching offer."""
+    provider = get_provider()
+    try:
+        offers = provider.search_offers(gpu_name=args.get("gpu_name") or "", limit=50)
+    except ProviderError as exc:
+        if exc.code == "unsupported":
+            return 0.0
+        raise
+    if args.get("offer_id"):
+        for o in offers:
+            if str(o.get("id")) == str(args["offer_id"]):
+                return float(o.get("dph") or 0)
+    prices = [float(o.get("dph") or 0) for o in offers]
+    return min(prices) if prices else 0.0
+
+
+def check(tool: str, args: dict, key: str, world, *, batch_prior: list[tuple[str, dict]] = (), actor: str = "agent",
+          override: set[str] = frozenset()) -> Refusal | None:
+    """The first refusal for ``tool(args)``, or ``None`` when every guard passes.
+
+    ``key`` is the runtime's idempotency key; ``batch_prior`` the (tool, args) of calls earlier
+    in the same batch that passed; ``override`` the guard codes an operator overrode with a
+    typed reason (only ``demand_guard`` and ``hold_off`` may be overridden).
+    Raises nothing for bad ids: an unknown instance is left to the tool (it errors ``not_found``).
+    """
+    from agent.tools import TOOLS
+
+    spec = TOOLS[tool]
+    lim = world.limits
+    now = clock.now()
+
+    # duplicate
+    if spec.side_effect:
+        if SideEffect.objects.filter(key=key).exists():
+            return Refusal("duplicate", "this call already ran (same idempotency key)")
+        canon = canonical_json(args)
+        for a in Approval.objects.filter(status="waiting", tool=tool):
+            if canonical_json(a.args) == canon and a.idempotency_key != key:
+                return Refusal("duplicate", f"the same action already waits for approval (approval {a.pk})")
+
+    # priority_required
+    if tool == "launch_instance" and args.get("launch_priority") not in PRIORITIES:
+        return Refusal("priority_required", "launch_instance needs launch_priority P0, P1, P2 or P3")
+
+    inst = None
+    if spec.instance_arg:
+        inst = world.instance(args.get(spec.instance_arg, ""))
+
+    # owned_host
+    if tool == "destroy_instance" and inst is not None and inst.is_owned_host:
+        return Refusal("owned_host", f"{inst.external_id} is an operator-owned SSH host; it is never destroyed by {actor}")
+
+    terminal, why_terminal = (False, "")
+    if inst is not None:
+        terminal, why_terminal = is_terminal(inst, world)
+
+    if tool in SCALE_DOWN_TOOLS and inst is not None and inst.killed_at is None and not terminal:
+        d = world.refresh_demand()
+        # demand_guard
+        if "demand_guard" not in override:
+            if d.state != "ok":
+                return Refusal("demand_guard", f"demand is {d.state}: {d.error or 'no fresh read'}; no scale-down without a good read")
+            if d.queued:
+                return Refusal("demand_guard", f"{d.queued} tasks queued; {d.workers_expected} workers expected, {d.workers_live} live")
+            if d.workers_dead:
+                return Refusal("demand_guard", f"{d.workers_dead} expected worker(s) dead; {d.workers_expected} expected, {d.workers_live} live")
+        # owned_tasks
+        worker = world.worker_for(inst)
+        if worker is not None and worker.owned_tasks:
+            return Refusal("owned_tasks", f"{inst.external_id}'s worker owns {worker.owned_tasks} task(s); cordon and drain first")
+        # hold_off
+        if "hold_off" not in override:
+            dwell = timedelta(minutes=lim.dwell_min)
+            if d.idle_since is None:
+                return Refusal("hold_off", f"the queue is not idle ({d.running or 0} running); dwell is {lim.dwell_min:g} min")
+            if now - d.idle_since < dwell:
+                idle = (now - d.idle_since).total_seconds() / 60
+                return Refusal("hold_off", f"queue empty for {idle:.1f} min, dwell is {lim.dwell_min:g} min")
+            last = last_launch_at(world)
+            if last is not None and now - last < timedelta(minutes=lim.hold_off_min):
+                ago = (now - last).total_seconds() / 60
+                return Refusal("hold_off", f"last launch {ago:.1f} min ago; hold-off is {lim.hold_off_min:g} min")
+
+    if tool == "launch_instance":
+        # launch_pending (calls of the same batch do not count)
+        pending = [i for i in world.instances if i.status in PENDING_STATUSES and i.killed_at is None]
+        if pending:
+            return Refusal("launch_pending", f"launch of {pending[0].external_id} still pending ({pending[0].status or 'provisioning'})")
+        if SideEffect.objects.filter(tool="launch_instance", status="claimed").exists():
+            return Refusal("launch_pending", "an earlier launch is still in flight")
+        # instance_cap
+        prior_launches = sum(1 for t, _ in batch_prior if t == "launch_instance")
+        count = sum(1 for i in world.instances if i.killed_at is None) + prior_launches
+        if count + 1 > lim.max_instances:
+            return Refusal("instance_cap", f"{count} instances; the cap is {lim.max_instances}")
+        # budget_cap
+        spend = sum(i.dph for i in world.instances if i.killed_at is None)
+        spend += sum(_launch_price(a) for t, a in batch_prior if t == "launch_instance")
+        price = _launch_price(args)
+        if spend + price > lim.max_dph + 1e-9:
+            return Refusal("budget_cap", f"${spend:.2f}/hr + ${price:.2f}/hr would exceed the ${lim.max_dph:.2f}/hr cap")
+
+    # diagnosis_required
+    if inst is not None and inst.killed_at is None and (
+        tool == "stop_instance" or (tool == "destroy_instance" and not terminal)
+    ):
+        if world.fresh_diagnosis(inst) is None:
+            return Refusal(
+                "diagnosis_required",
+                f"no diagnosis of {inst.external_id} in the last {lim.diagnosis_fresh_min:g} min; call diagnose_instance first (HTTP 428)",
+            )
+
+    # in_flight
+    if spec.side_effect and inst is not None:
+        if SideEffect.objects.filter(instance_ref=inst.external_id, status="claimed").exists():
+            return Refusal("in_flight", f"a side effect on {inst.external_id} is already in flight")
+
+    # rate_limited
+    if tool == "launch_instance":
+        n, seconds = lim.launch_rate
+        recent = SideEffect.objects.filter(
+            tool="launch_instance", status="done", claimed_at__gte=now - timedelta(seconds=seconds)
+        ).count()
+        if recent + prior_launches >= n:
+            return Refusal("rate_limited", f"{recent} launches in the last {seconds}s; the limit is {n}")
+
+    return None

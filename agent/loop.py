@@ -1,0 +1,324 @@
+"""The observe cycle: the one entry point every trigger uses (beat, "observe now", chat, replay).
+
+::
+
+    lock (one run at a time, with expiry) → observe (fleet, demand, alerts) → monitor rules
+    → planner turns, each through breakers → pipeline (allowlist, schema, guards, policy,
+      approvals, execution) → until the planner answers, a breaker halts, a call parks, or a
+      cap is hit → verdict → honest final report written from the trace
+
+A parked run releases the lock; :func:`resume_run` continues it once its approvals are decided.
+Every step is persisted as it happens.
+"""
+
+import logging
+import secrets
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from django.db import transaction
+
+from agent.breakers import BreakerState, Halt
+from agent.models import Approval, Run, SessionState, Step
+from agent.observe import World, observe
+from agent.planners.base import parse_verdict
+from agent.policy import effective_limits, effective_policy
+from agent.report import entailment_flags, final_report
+from agent.secrets import redact
+from fleet.clock import clock
+from fleet.events import emit
+
+log = logging.getLogger(__name__)
+
+
+# --- the run lock ------------------------------------------------------------------------------
+def acquire_lock(ttl_s: float | None = None) -> str | None:
+    """Take the run lock (a conditional UPDATE on the anchor); ``None`` if another run holds it.
+
+    The lock expires after ``ttl_s`` (WARDEN_RUN_LOCK_TTL_S), so a crashed run cannot wedge the agent.
+    """
+    from django.conf import settings
+    from django.db.models import Q
+
+    SessionState.get()
+    ttl_s = ttl_s or settings.WARDEN["RUN_LOCK_TTL_S"]
+    now = clock.now()
+    token = secrets.token_hex(16)
+    n = SessionState.objects.filter(pk=1).filter(
+        Q(lock_token="") | Q(lock_expires_at__lt=now) | Q(lock_expires_at__isnull=True)
+    ).update(lock_token=token, lock_expires_at=now + timedelta(seconds=ttl_s))
+    return token if n == 1 else None
+
+
+def release_lock(token: str) -> None:
+    SessionState.objects.filter(pk=1, lock_token=token).update(lock_token="", lock_expires_at=None)
+
+
+# --- the turn context ------------------------------------------------------------------------
+@dataclass
+class TurnContext:
+    """What the planner and the pipeline share during one run."""
+
+    run: Run
+    world: World
+    limits: object
+    breakers: BreakerState
+    actor: str = "agent"
+    message: str = ""
+    turn_index: int = 0
+    observe_only: bool = False
+    _seq: int = 0
+    extra: dict = field(default_factory=dict)
+
+    def new_step(self, **fields) -> Step:
+        self._seq += 1
+        return Step.objects.create(run=self.run, seq=self._seq, created_at=clock.now(), actor=fields.pop("actor", self.actor), **fields)
+
+    def call_steps(self) -> list[Step]:
+        return list(self.run.steps.filter(kind="call").order_by("seq"))
+
+    def after_error(self, step: Step) -> Halt | None:
+        from agent.tools import TOOLS
+
+        self.breakers.record_call(step)
+        spec = TOOLS.get(step.tool)
+        return self.breakers.after_error(step.tool, bool(spec and spec.fallback))
+
+    def cancel_requested(self) -> bool:
+        return Run.objects.filter(pk=self.run.pk, cancel_requested=True).exists()
+
+
+def _context(run: Run, world: World, limits, state: SessionState) -> TurnContext:
+    breakers = BreakerState.load(run, limits)
+    last = run.steps.order_by("-seq").first()
+    message = run.steps.filter(kind="message").order_by("seq").values_list("text", flat=True).first() or ""
+    tc = TurnContext(run=run, world=world, limits=limits, breakers=breakers, message=message,
+                     turn_index=breakers.turns, observe_only=state.observe_only)
+    tc._seq = last.seq if last else 0
+    return tc
+
+
+def default_planner():
+    """The configured planner (the built-in rules policy by default)."""
+    from agent.planners.rules import RulesPlanner
+
+    return RulesPlanner()
+
+
+# --- entry points ----------------------------------------------------------------------------
+def run_cycle(trigger: str, *, message: str | None = None, actor: str = "system", planner=None) -> Run | None:
+    """Run one observe cycle. Returns the run, or ``None`` when another run holds the lock.
+
+    A chat message waiting in a ``queued`` run is picked up here (oldest first); ``message``
+    creates such a run first. Exceptions outside tools mark the run ``failed`` (with a report)
+    and are re-raised after the lock is released.
+    """
+    if message:
+        from agent.actions import do_post_message
+
+        do_post_message(message, actor)
+    token = acquire_lock()
+    if token is None:
+        log.info("observe cycle (%s) skipped: another run holds the lock", trigger)
+        return None
+    try:
+        expire_approvals()
+        run = _claim_run(trigger, planner)
+        state = SessionState.get()
+        limits, policy = effective_limits(state), effective_policy(state)
+        world = observe(limits, policy)
+        tc = _context(run, world, limits, state)
+        tc.new_step(kind="observe", actor="system", text="observation", observation=redact(_json(world.summary())))
+        _run_monitor(tc)
+        _drive(tc, planner or default_planner())
+        return run
+    except Exception as exc:
+        if "run" in locals():
+            _fail(run, exc)
+        raise
+    finally:
+        release_lock(token)
+
+
+def resume_run(run: Run, *, planner=None) -> Run:
+    """Continue a parked run whose approvals were decided (or expired).
+
+    Approved calls are checked by the guards again and executed once; rejected and expired ones
+    become ``rejected``/``expired`` observations; then the planner continues. A run with an
+    approval still waiting stays parked. Raises nothing when the run is not parked (returns it).
+    """
+    token = acquire_lock()
+    if token is None:
+        return run
+    try:
+        run.refresh_from_db()
+        if run.status != "parked":
+            return run
+        state = SessionState.get()
+        limits, policy = effective_limits(state), effective_policy(state)
+        world = observe(limits, policy)
+        tc = _context(run, world, limits, state)
+        pending = list(run.approvals.filter(step__outcome="parked").select_related("step").order_by("step__seq"))
+        from agent.pipeline import dispatch_approved
+
+        for a in pending:
+            if a.status == "approved":
+                tc.actor = "agent"
+                dispatch_approved(tc, a)
+                tc.breakers.record_decision(a.step.seq, a.step.turn)
+                tc.breakers.record_call(a.step)
+            elif a.status == "rejected":
+                _decided(a.step, "rejected", "rejected", f"rejected by {a.decided_by or 'an operator'}: {a.comment}")
+                tc.breakers.record_decision(a.step.seq, a.step.turn)
+            elif a.status == "expired":
+                _decided(a.step, "expired", "expired", "the approval expired unanswered; nothing executed")
+        if run.approvals.filter(status="waiting").exists():
+            return run
+        run.status = "running"
+        run.save(update_fields=["status"])
+        emit("runs-changed", "approvals-changed")
+        tc.turn_index = tc.breakers.turns
+        _drive(tc, planner or _planner_for(run))
+        return run
+    except Exception as exc:
+        _fail(run, exc)
+        raise
+    finally:
+        release_lock(token)
+
+
+def _decided(step: Step, outcome: str, code: str, detail: str) -> None:
+    step.outcome, step.reason_code, step.detail = outcome, code, redact(detail)
+    step.observation = f"ok: false — {code}: {redact(detail)}"
+    step.ok = False
+    step.save(update_fields=["outcome", "reason_code", "detail", "observation", "ok"])
+
+
+def _planner_for(run: Run):
+    return default_planner()
+
+
+def _json(obj) -> str:
+    import json
+
+    return json.dumps(obj, default=str, sort_keys=True)
+
+
+def _claim_run(trigger: str, planner) -> Run:
+    """The oldest queued run (a chat message waiting), else a new run numbered from the anchor."""
+    name = getattr(planner, "name", "rules")
+    with transaction.atomic():
+        queued = Run.objects.select_for_update().filter(status="queued").order_by("number").first()
+        if queued is not None:
+            queued.status, queued.planner, queued.started_at = "running", name, clock.now()
+            queued.save(update_fields=["status", "planner", "started_at"])
+            run = queued
+        else:
+            state = SessionState.objects.select_for_update().get(pk=SessionState.get().pk)
+            run = Run.objects.create(number=state.next_run_id, epoch=state.epoch, trigger=trigger, planner=name,
+                                     status="running", started_at=clock.now())
+            state.next_run_id += 1
+            state.save(update_fields=["next_run_id", "updated_at"])
+    emit("runs-changed")
+    return run
+
+
+def _run_monitor(tc: TurnContext) -> None:
+    """The monitor's lifecycle rules run here once ``fleet.monitor`` exists (a later issue)."""
+    try:
+        from fleet import monitor  # noqa: F401
+    except ImportError:
+        return
+    from agent.monitor_runner import run_monitor
+
+    run_monitor(tc)
+
+
+def _drive(tc: TurnContext, planner) -> None:
+    """Ask the planner for turns until it answers, halts, parks, or runs out."""
+    from agent.pipeline import process_turn
+
+    run = tc.run
+    halt = None
+    while True:
+        halt = tc.breakers.before_turn(run)
+        if halt is not None:
+            break
+        turn = planner.next_turn(tc)
+        if turn is None:
+            run.status = "done"
+            break
+        run.tokens_in += turn.tokens_in
+        run.tokens_out += turn.tokens_out
+        run.save(update_fields=["tokens_in", "tokens_out"])
+        tc.breakers.turns += 1
+        if not turn.calls:
+            tc.new_step(kind="text", turn=tc.turn_index, text=redact(turn.text)[:8000], outcome="text", tokens=turn.tokens_out)
+            emit("runs-changed", "chat-changed")
+            verdict = parse_verdict(turn.text)
+            if verdict is not None:
+                run.verdict_action, run.verdict_state_changed = verdict
+                run.included_in_prompt = any(verdict)
+                run.final_answer = redact(turn.text)[:8000]
+                run.status = "done"
+                break
+            tc.breakers.record_text()
+            halt = tc.breakers.after_text()
+            if halt is not None:
+                break
+            tc.turn_index += 1
+            continue
+        result = process_turn(tc, turn)
+        for s in result.steps:
+            if s.outcome and s.outcome not in ("error",) and not (s.outcome == "refused" and s.reason_code == "invalid_args"):
+                tc.breakers.record_call(s)
+        if result.halt is not None:
+            halt = result.halt
+            break
+        if result.cancelled:
+            run.status = "cancelled"
+            break
+        if result.parked:
+            run.status = "parked"
+            break
+        tc.turn_index += 1
+    if halt is not None:
+        run.status = "halted"
+        run.halt_reason, run.halt_detail = halt.code, redact(halt.detail)
+        from fleet.alerts import raise_alert
+
+        raise_alert("breaker_tripped", f"run {run.number} halted: {halt.code} — {halt.detail}", severity="P2",
+                    key=f"breaker:{run.number}")
+    _close(run)
+
+
+def _close(run: Run) -> None:
+    """Write the honest report (and entailment flags), end time, and announce."""
+    if run.status != "parked":
+        run.ended_at = clock.now()
+    run.final_report = final_report(run)
+    run.entailment_flags = entailment_flags(run)
+    run.save()
+    emit("runs-changed", "chat-changed", "fleet-changed")
+
+
+def _fail(run: Run, exc: Exception) -> None:
+    log.exception("run %s failed", run.number)
+    run.refresh_from_db()
+    run.status = "failed"
+    run.halt_detail = redact(f"{type(exc).__name__}: {exc}")[:2000]
+    run.ended_at = clock.now()
+    run.final_report = final_report(run)
+    run.save()
+    emit("runs-changed")
+
+
+def expire_approvals() -> list[Run]:
+    """Mark approvals past their expiry ``expired``; returns the parked runs that can now resume."""
+    now = clock.now()
+    expired = list(Approval.objects.filter(status="waiting", expires_at__lt=now).values_list("pk", "run_id"))
+    if not expired:
+        return []
+    Approval.objects.filter(pk__in=[pk for pk, _ in expired], status="waiting").update(status="expired", decided_at=now)
+    emit("approvals-changed")
+    return list(Run.objects.filter(pk__in={rid for _, rid in expired}, status="parked"))

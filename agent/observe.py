@@ -1,0 +1,184 @@
+"""The observe phase: fleet, demand, alerts and diagnoses, read once per cycle into a :class:`World`.
+
+Reads are not agent steps. A failed provider read raises a ``provider_error`` alert and the
+cycle goes on with the last known fleet; a failed demand read is ``unknown`` (never zero) and
+raises ``demand_unknown``; expected workers that are dead raise ``workers_dead``. Each alert is
+raised once per episode and resolved when its condition clears.
+"""
+
+from datetime import timedelta
+
+from tenacity import RetryError, Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+from agent.policy import Limits
+from fleet.alerts import raise_alert, resolve
+from fleet.clock import clock
+from fleet.demand import DemandReading, read_demand
+from fleet.events import emit
+from fleet.models import DemandSample, Diagnosis, Instance
+from fleet.providers import ProviderError
+
+
+def _transient(exc: BaseException) -> bool:
+    return isinstance(exc, ProviderError) and exc.kind == "transient"
+
+
+def with_retries(fn, attempts: int = 3):
+    """Call ``fn()`` retrying transient ``ProviderError`` with exponential backoff on ``clock``.
+
+    Waits 1 s, 2 s, 4 s … (capped at 8 s) between attempts — virtual seconds under replay.
+    Re-raises the last error.
+    """
+    retrying = Retrying(
+        stop=stop_after_attempt(attempts),
+        wait=wait_exponential(multiplier=1, max=8),
+        retry=retry_if_exception(_transient),
+        sleep=clock.sleep,
+        reraise=True,
+    )
+    try:
+        return retrying(fn)
+    except RetryError as exc:  # pragma: no cover — reraise=True re-raises the original
+        raise exc.last_attempt.exception() from None
+
+
+class World:
+    """What one cycle knows: non-killed instances, the demand reading, latest diagnoses, limits.
+
+    Guards and tools read and refresh it; ``refresh_demand`` re-reads the source (used right
+    before every stop or destroy).
+    """
+
+    def __init__(self, instances: list[Instance], demand: DemandReading, limits: Limits, policy: dict):
+        self.instances = list(instances)
+        self.demand = demand
+        self.limits = limits
+        self.policy = policy
+        self.provider_error = ""
+        self.diagnoses: dict[int, Diagnosis] = {}
+        self._load_diagnoses()
+
+    # -- instances --------------------------------------------------------------------------
+    def set_instances(self, instances) -> None:
+        self.instances = [i for i in instances if i.killed_at is None]
+        self._load_diagnoses()
+
+    def instance(self, external_id: str) -> Instance | None:
+        for inst in self.instances:
+            if inst.external_id == external_id:
+                return inst
+        return Instance.objects.filter(external_id=external_id).order_by("killed_at").first()
+
+    def worker_for(self, inst: Instance):
+        return self.demand.workers.get(inst.worker_name or inst.external_id) if self.demand else None
+
+    # -- diagnoses --------------------------------------------------------------------------
+    def _load_diagnoses(self) -> None:
+        ids = [i.pk for i in self.instances]
+        latest: dict[int, Diagnosis] = {}
+        for d in Diagnosis.objects.filter(instance_id__in=ids).order_by("instance_id", "-taken_at"):
+            latest.setdefault(d.instance_id, d)
+        self.diagnoses = latest
+
+    def add_diagnosis(self, diag: Diagnosis) -> None:
+        self.diagnoses[diag.instance_id] = diag
+
+    def fresh_diagnosis(self, inst: Instance) -> Diagnosis | None:
+        """The instance's latest diagnosis if younger than ``diagnosis_fresh_min``."""
+        d = self.diagnoses.get(inst.pk)
+        if d is None:
+            return None
+        if clock.now() - d.taken_at > timedelta(minutes=self.limits.diagnosis_fresh_min):
+            return None
+        return d
+
+    # -- demand -----------------------------------------------------------------------------
+    def refresh_demand(self) -> DemandReading:
+        self.demand = read_and_record_demand(self.instances)
+        return self.demand
+
+    @staticmethod
+    def demand_view(reading: DemandReading) -> dict:
+        """The demand as the agent sees it; unknown counts stay null, never 0."""
+        idle_min = None
+        if reading.idle_since is not None:
+            idle_min = round((clock.now() - reading.idle_since).total_seconds() / 60, 1)
+        return {
+            "state": reading.state,
+            "error": reading.error or None,
+            "queued": reading.queued,
+            "running": reading.running,
+            "workers_expected": reading.workers_expected,
+            "workers_live": reading.workers_live,
+            "workers_dead": reading.workers_dead,
+            "workers_cordoned": reading.workers_cordoned,
+            "proofs_hr": reading.proofs_hr,
+            "active": reading.active,
+            "idle_min": idle_min,
+        }
+
+    def summary(self) -> dict:
+        """Compact snapshot for the trace and the model's context."""
+        return {
+            "instances": [
+                {"id": i.external_id, "status": i.status, "dph": i.dph, "gpu": i.gpu_name} for i in self.instances
+            ],
+            "demand": self.demand_view(self.demand),
+            "provider_error": self.provider_error or None,
+            "target_proofs_hr": self.limits.target_proofs_hr,
+        }
+
+
+def read_and_record_demand(instances) -> DemandReading:
+    """Read demand, derive ``idle_since`` from earlier samples when the source does not know it,
+    store a :class:`DemandSample`, raise/resolve ``demand_unknown`` and ``workers_dead``."""
+    reading = read_demand(instances)
+    prev = DemandSample.objects.filter(state="ok").order_by("-taken_at").first()
+    if reading.state == "ok" and reading.idle_since is None and reading.queued == 0 and not reading.running:
+        reading.idle_since = prev.idle_since if prev and prev.idle_since else reading.taken_at
+    DemandSample.objects.create(
+        taken_at=reading.taken_at or clock.now(),
+        state=reading.state,
+        error=reading.error[:2000],
+        queued=reading.queued,
+        running=reading.running,
+        workers_expected=reading.workers_expected,
+        workers_live=reading.workers_live,
+        workers_dead=reading.workers_dead,
+        workers_cordoned=reading.workers_cordoned,
+        proofs_hr=reading.proofs_hr,
+        active=reading.active,
+        idle_since=reading.idle_since if reading.state == "ok" else None,
+    )
+    if reading.state != "ok":
+        raise_alert("demand_unknown", f"demand is {reading.state}: {reading.error or 'no fresh read'}", severity="P1")
+    else:
+        resolve("demand_unknown")
+    if reading.workers_dead:
+        raise_alert(
+            "workers_dead",
+            f"{reading.workers_dead} of {reading.workers_expected} expected workers dead; {reading.queued} tasks queued",
+            severity="P0" if not reading.workers_live else "P1",
+        )
+    elif reading.state == "ok":
+        resolve("workers_dead")
+    emit("demand-changed")
+    return reading
+
+
+def observe(limits: Limits, policy: dict) -> World:
+    """Read the fleet (with retries) and demand; returns the cycle's :class:`World`."""
+    from fleet.sync import sync_instances
+
+    provider_error = ""
+    try:
+        instances = with_retries(sync_instances, attempts=limits.retry_attempts)
+        resolve("provider_error")
+    except ProviderError as exc:
+        provider_error = f"{exc.code or exc.kind}: {exc}"
+        raise_alert("provider_error", f"provider read failed: {provider_error}", severity="P1")
+        instances = list(Instance.objects.filter(killed_at__isnull=True))
+    demand = read_and_record_demand(instances)
+    world = World(instances, demand, limits, policy)
+    world.provider_error = provider_error
+    return world

@@ -1,0 +1,335 @@
+"""The tool pipeline: every proposed call passes the same stages, in this order.
+
+allowlist (``unknown_tool``) → policy ``forbidden`` (``forbidden_tool``, halts) → argument
+parsing and schema (``invalid_args``: never executed with empty arguments) → breakers
+(``identical_args``) → guards (``agent.guards``) → observe-only → policy (``auto`` runs,
+``approval`` parks) → execution with a timeout, retries of transient errors and an idempotency
+claim → an observation written by the runtime. A planner-authored tool result is refused as
+``forged_observation`` and halts the run (DESIGN.md invariant 4).
+
+A parallel batch is scored whole before any call in it runs; its calls then run one at a time.
+Any exception inside a tool becomes an error observation here; nothing crashes the loop.
+"""
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass, field
+
+from django.db import IntegrityError, transaction
+from pydantic import ValidationError
+
+from agent.breakers import Halt
+from agent.guards import check as guard_check
+from agent.models import Approval, SideEffect, Step
+from agent.observe import with_retries
+from agent.policy import policy_for
+from agent.secrets import redact, redact_obj
+from agent.tools import PUBLIC_TOOLS, TOOLS, ToolContext, ToolError, canonical_json
+from agent.untrusted import scan_for_injection
+from fleet.clock import clock
+from fleet.events import emit
+from fleet.providers import ProviderError
+
+log = logging.getLogger(__name__)
+
+
+def idempotency_key(run_number: int, turn: int, position: int, tool: str, args: dict | None) -> str:
+    """The runtime's key: run, turn, position in the turn, tool and canonical arguments.
+
+    Never the model's tool-call id, which changes on every retry (agent-runtimes.md §2.1).
+    """
+    raw = f"{run_number}|{turn}|{position}|{tool}|{canonical_json(args)}"
+    return hashlib.sha256(raw.encode()).hexdigest()[:40]
+
+
+def truncate(text: str, limit: int) -> str:
+    """Cut ``text`` to about ``limit`` characters, keeping head and tail, with a marker saying how much went."""
+    if len(text) <= limit:
+        return text
+    head = limit * 2 // 3
+    tail = limit - head
+    removed = len(text) - head - tail
+    return f"{text[:head]}\n[… {removed} characters removed …]\n{text[-tail:]}"
+
+
+def ok_observation(payload, limit: int) -> str:
+    return truncate("ok: true\n" + redact(json.dumps(redact_obj(payload), default=str, sort_keys=True)), limit)
+
+
+def error_observation(code: str, message: str, limit: int) -> str:
+    return truncate(f"ok: false — {code}: {redact(message)}", limit)
+
+
+@dataclass
+class Decision:
+    """The scoring result of one call in a turn."""
+
+    step: Step
+    proposal: object
+    args: dict | None = None
+    key: str = ""
+    action: str = "run"  # run | park | done
+
+
+@dataclass
+class TurnResult:
+    halt: Halt | None = None
+    parked: bool = False
+    cancelled: bool = False
+    steps: list = field(default_factory=list)
+
+
+def _finish(step: Step, outcome: str, code: str = "", detail: str = "", observation: str = "", ok=None, **extra) -> Step:
+    step.outcome, step.reason_code, step.detail = outcome, code, redact(detail)[:2000]
+    step.observation = observation or (error_observation(code, detail, 4000) if code else "")
+    step.ok = ok
+    for k, v in extra.items():
+        setattr(step, k, v)
+    step.save()
+    return step
+
+
+def _parse(proposal) -> tuple[dict | None, str]:
+    """Arguments as a dict, or (None, why) when the string does not parse or is not an object."""
+    if proposal.raw_arguments is None:
+        args = proposal.args if proposal.args is not None else {}
+    else:
+        try:
+            args = json.loads(proposal.raw_arguments)
+        except (TypeError, ValueError) as exc:
+            return None, f"the argument string is not valid JSON ({exc.msg if hasattr(exc, 'msg') else exc}); send one JSON object"
+    if not isinstance(args, dict):
+        return None, "the arguments must be one JSON object"
+    return args, ""
+
+
+def _schema_error(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:5]:
+        loc = ".".join(str(x) for x in err["loc"]) or "(arguments)"
+        parts.append(f"{loc}: {err['msg']}")
+    return "; ".join(parts)
+
+
+def score_turn(tc, turn) -> tuple[list[Decision], Halt | None]:
+    """Score every call of ``turn`` (persisting a step for each) before anything runs."""
+    decisions: list[Decision] = []
+    halt = None
+    batch = len(turn.calls) > 1 or turn.batch
+    passed: list[tuple[str, dict]] = []
+    for pos, p in enumerate(turn.calls):
+        step = tc.new_step(kind="call", turn=tc.turn_index, position=pos, batch=batch, tool=p.tool[:40], raw_arguments=redact(p.raw())[:4000])
+        dec = Decision(step=step, proposal=p)
+        decisions.append(dec)
+        if halt is not None:
+            continue
+        if p.forged:
+            _finish(step, "halted", "forged_observation", "the planner tried to author a tool result; observations come from the runtime only", ok=False)
+            halt = Halt("forged_observation", f"forged result for {p.tool or 'a tool'}")
+            dec.action = "done"
+            continue
+        if p.tool not in PUBLIC_TOOLS:
+            _finish(step, "refused", "unknown_tool", f"no tool named {p.tool!r}; tools: {', '.join(PUBLIC_TOOLS)}", ok=False)
+            dec.action = "done"
+            continue
+        spec = TOOLS[p.tool]
+        if tc.world.policy.get(p.tool) == "forbidden":
+            _finish(step, "halted", "forbidden_tool", f"{p.tool} is forbidden by policy", ok=False)
+            halt = Halt("forbidden_tool", f"{p.tool} is forbidden by policy")
+            dec.action = "done"
+            continue
+        args, why = _parse(p)
+        if args is None:
+            _finish(step, "refused", "invalid_args", why, ok=False)
+            dec.action = "done"
+            halt = tc.after_error(step)
+            continue
+        try:
+            spec.schema.model_validate(args)
+        except ValidationError as exc:
+            step.args = redact_obj(args)
+            _finish(step, "refused", "invalid_args", f"{p.tool}: {_schema_error(exc)}", ok=False)
+            dec.action = "done"
+            halt = tc.after_error(step)
+            continue
+        dec.args = args
+        step.args = redact_obj(args)
+        step.call_reason = redact(str(args.get("reason", "")))[:2000]
+        if policy_for(p.tool, args, tc.world.policy) == "forbidden":
+            _finish(step, "halted", "forbidden_tool", f"{p.tool} at priority {args.get('launch_priority')} is forbidden by policy", ok=False)
+            halt = Halt("forbidden_tool", f"{p.tool} ({args.get('launch_priority')}) is forbidden by policy")
+            dec.action = "done"
+            continue
+        ident = tc.breakers.identical(p.tool, args, tc.turn_index)
+        if ident is not None:
+            _finish(step, "halted", ident.code, ident.detail, ok=False)
+            halt = ident
+            dec.action = "done"
+            continue
+        dec.key = idempotency_key(tc.run.number, tc.turn_index, pos, p.tool, args)
+        step.idempotency_key = dec.key
+        refusal = guard_check(p.tool, args, dec.key, tc.world, batch_prior=passed, actor=tc.actor)
+        if refusal is not None:
+            _finish(step, "refused", refusal.code, refusal.detail, ok=False)
+            dec.action = "done"
+            continue
+        if spec.side_effect and tc.observe_only:
+            _finish(step, "refused", "observe_only", f"observe-only mode: would have run {p.tool}", ok=False)
+            dec.action = "done"
+            continue
+        passed.append((p.tool, args))
+        if spec.side_effect and policy_for(p.tool, args, tc.world.policy) == "approval":
+            dec.action = "park"
+        step.save()
+    return decisions, halt
+
+
+def process_turn(tc, turn) -> TurnResult:
+    """Score, park and execute the calls of one turn. Returns halt/parked/cancelled."""
+    decisions, halt = score_turn(tc, turn)
+    result = TurnResult(steps=[d.step for d in decisions])
+    if halt is not None:
+        for d in decisions:
+            if not d.step.outcome:
+                _finish(d.step, "refused", "aborted_before_dispatch", f"the run halted ({halt.code}) before this call started", ok=False)
+        result.halt = halt
+        return result
+    for d in decisions:
+        if d.action == "park":
+            park(tc, d)
+            result.parked = True
+    for i, d in enumerate(decisions):
+        if d.action != "run":
+            continue
+        if tc.cancel_requested():
+            for rest in decisions[i:]:
+                if rest.action == "run":
+                    _finish(rest.step, "refused", "aborted_before_dispatch", "the run was cancelled before this call started", ok=False)
+            result.cancelled = True
+            return result
+        execute(tc, d.step, TOOLS[d.step.tool], d.args, d.key)
+        if d.step.outcome == "error":
+            halt = tc.after_error(d.step)
+            if halt is None and tc.breakers.failures[d.step.tool] >= tc.limits.three_strikes and TOOLS[d.step.tool].fallback:
+                run_fallback(tc, d)
+            if halt is not None:
+                for rest in decisions[i + 1:]:
+                    if rest.action == "run" and not rest.step.outcome:
+                        _finish(rest.step, "refused", "aborted_before_dispatch", f"the run halted ({halt.code}) before this call started", ok=False)
+                result.halt = halt
+                return result
+    return result
+
+
+def run_fallback(tc, d: Decision) -> None:
+    """Run the failed tool's declared fallback in its place (three strikes, seed 000)."""
+    spec = TOOLS[TOOLS[d.step.tool].fallback]
+    step = tc.new_step(kind="call", turn=tc.turn_index, position=d.step.position, batch=d.step.batch, tool=spec.name,
+                       args=d.args, raw_arguments=d.step.raw_arguments)
+    step.detail = f"fallback after {tc.breakers.failures[d.step.tool]} failures of {d.step.tool}"
+    execute(tc, step, spec, d.args, "")
+    tc.breakers.record_call(step)
+
+
+def park(tc, d: Decision) -> Approval:
+    """Write the Approval row for a call that needs an operator; the step's outcome is ``parked``."""
+    from datetime import timedelta
+
+    now = clock.now()
+    approval = Approval.objects.create(
+        run=tc.run,
+        step=d.step,
+        tool=d.step.tool,
+        args=redact_obj(d.args),
+        reason=d.step.call_reason,
+        idempotency_key=d.key,
+        created_at=now,
+        expires_at=now + timedelta(minutes=tc.limits.approval_expiry_min),
+    )
+    _finish(d.step, "parked", "approval_required",
+            f"waiting for an operator (approval {approval.pk}, expires in {tc.limits.approval_expiry_min:g} min)",
+            observation=f"parked: {d.step.tool} waits for operator approval {approval.pk}", ok=None)
+    emit("approvals-changed")
+    return approval
+
+
+def execute(tc, step: Step, spec, args: dict, key: str, *, outcome: str = "executed") -> Step:
+    """Run one tool body with its deadline, retries and idempotency claim; fill ``step``.
+
+    ``outcome`` is the success outcome (``approved_executed`` for an approved call). A
+    side-effect call first claims its key in :class:`SideEffect`; a second claim is refused as
+    ``duplicate`` and nothing runs.
+    """
+    limit = tc.limits.observation_max_chars
+    claim = None
+    if spec.side_effect and key:
+        try:
+            with transaction.atomic():
+                claim = SideEffect.objects.create(
+                    key=key, tool=spec.name, args=redact_obj(args),
+                    instance_ref=str(args.get(spec.instance_arg or "", ""))[:64], actor=tc.actor, claimed_at=clock.now(),
+                )
+        except IntegrityError:
+            return _finish(step, "refused", "duplicate", "this idempotency key already ran; nothing executed", ok=False)
+    timeout = spec.timeout_s or tc.limits.tool_timeout_s
+    t0 = clock.monotonic()
+    ctx = ToolContext(run=tc.run, actor=tc.actor, world=tc.world, deadline=t0 + timeout, step=step)
+    try:
+        payload = with_retries(lambda: spec.body(ctx, args), attempts=tc.limits.retry_attempts)
+        elapsed = clock.monotonic() - t0
+        if elapsed > timeout and not spec.side_effect:
+            raise ToolError(f"{spec.name} ran {elapsed:.1f}s, past its {timeout:g}s timeout", kind="transient", code="timeout")
+    except (ProviderError, ToolError) as exc:
+        code = "tool_timeout" if exc.code == "timeout" else (exc.code or exc.kind)
+        _done(claim, "failed", str(exc))
+        return _finish(step, "error", code if code == "tool_timeout" else "", f"{exc.kind} error ({exc.code or 'error'}): {exc}",
+                       observation=error_observation(f"{exc.kind} error ({exc.code or 'error'})", str(exc), limit),
+                       ok=False, error_kind=exc.kind, duration_ms=(clock.monotonic() - t0) * 1000)
+    except Exception as exc:  # noqa: BLE001 — the boundary: no tool exception crashes the loop
+        log.exception("tool %s crashed", spec.name)
+        _done(claim, "failed", repr(exc))
+        return _finish(step, "error", "", f"permanent error ({type(exc).__name__}): {exc}",
+                       observation=error_observation(f"permanent error ({type(exc).__name__})", str(exc), limit),
+                       ok=False, error_kind="permanent", duration_ms=(clock.monotonic() - t0) * 1000)
+    obs = ok_observation(payload, limit)
+    _done(claim, "done", obs)
+    _finish(step, outcome, "", "", observation=obs, ok=True, duration_ms=(clock.monotonic() - t0) * 1000)
+    hits = scan_for_injection(json.dumps(payload, default=str))
+    if hits:
+        from fleet.alerts import raise_alert
+
+        raise_alert("prompt_injection", f"instruction-like text in {spec.name} output (run {tc.run.number}): {hits[0][:120]}",
+                    severity="P1", key=f"prompt_injection:{tc.run.number}:{spec.name}")
+    emit("runs-changed")
+    return step
+
+
+def _done(claim: SideEffect | None, status: str, result: str) -> None:
+    if claim is not None:
+        claim.status, claim.result, claim.finished_at = status, redact(result)[:4000], clock.now()
+        claim.save(update_fields=["status", "result", "finished_at"])
+
+
+def dispatch_approved(tc, approval: Approval) -> Step:
+    """Run an approved call: guards again at dispatch, then execute once (``approved_executed``).
+
+    Refused now (diagnosis went stale, demand came back): nothing executes, the step's outcome
+    is ``refused`` with the code and the approval becomes ``void`` (DESIGN.md invariant 3).
+    """
+    step = approval.step
+    args = dict(approval.args)
+    spec = TOOLS[approval.tool]
+    refusal = guard_check(approval.tool, args, approval.idempotency_key, tc.world, actor=tc.actor)
+    if refusal is not None:
+        _finish(step, "refused", refusal.code, f"approved, but refused at dispatch: {refusal.detail}", ok=False)
+        Approval.objects.filter(pk=approval.pk).update(status="void", outcome_detail=f"{refusal.code}: {refusal.detail}")
+        emit("approvals-changed")
+        return step
+    execute(tc, step, spec, args, approval.idempotency_key, outcome="approved_executed")
+    Approval.objects.filter(pk=approval.pk).update(
+        status="executed" if step.outcome == "approved_executed" else "failed",
+        outcome_detail=step.detail or "executed",
+    )
+    emit("approvals-changed")
+    return step

@@ -1,0 +1,71 @@
+"""What a planner proposes: one turn at a time, either text or tool calls (a batch when several).
+
+Planners never execute anything and never author observations: a ``forged`` proposal (the
+planner writing a tool result) is refused by the runtime and halts the run.
+"""
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+
+VERDICT = re.compile(r"<verdict>(.*?)</verdict>", re.S)
+
+
+@dataclass
+class Proposal:
+    """One proposed call. ``args`` parsed, or ``raw_arguments`` exactly as the planner sent it."""
+
+    tool: str
+    args: dict | None = None
+    raw_arguments: str | None = None
+    forged: bool = False
+    forged_text: str = ""
+    call_id: str = ""  # the model's tool-call id; never used as the idempotency key
+
+    def raw(self) -> str:
+        if self.raw_arguments is not None:
+            return self.raw_arguments
+        return json.dumps(self.args if self.args is not None else {}, sort_keys=True)
+
+
+@dataclass
+class Turn:
+    """A planner turn: ``calls`` (empty for a text-only turn) and ``text``; tokens used."""
+
+    calls: list[Proposal] = field(default_factory=list)
+    text: str = ""
+    batch: bool = False
+    tokens_in: int = 0
+    tokens_out: int = 0
+
+    def estimate_tokens(self) -> None:
+        """Fill ``tokens_out`` from a conservative chars-per-token estimate (4 chars/token)."""
+        if not self.tokens_out:
+            size = len(self.text) + sum(len(p.tool) + len(p.raw()) for p in self.calls)
+            self.tokens_out = math.ceil(size / 4)
+
+
+def parse_verdict(text: str) -> tuple[bool, bool] | None:
+    """``(action, state_changed)`` from a ``<verdict>{...}</verdict>`` block, or ``None``."""
+    m = VERDICT.search(text or "")
+    if not m:
+        return None
+    try:
+        data = json.loads(m.group(1))
+        return bool(data["action"]), bool(data["state_changed"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+class Planner:
+    """Base planner. ``next_turn(ctx)`` returns a :class:`Turn`, or ``None`` when it has nothing more.
+
+    ``ctx`` is the loop's :class:`agent.loop.TurnContext`: run, turn index, world, the results of
+    the previous turn, and the operator's message.
+    """
+
+    name = "base"
+
+    def next_turn(self, ctx) -> Turn | None:  # pragma: no cover — interface
+        raise NotImplementedError

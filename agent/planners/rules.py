@@ -1,0 +1,133 @@
+"""The ``rules`` planner: Warden's built-in, deterministic autoscaling policy (the default).
+
+Policy (autoscalers.md §1.7; seed 002):
+1. Scale on queued work, never on a flag: with tasks queued, keep
+   ``min(cap, queued, max(1, ceil(target / per-worker rate)))`` instances; launch the missing
+   ones — ``P0`` when no worker is live (an emergency), ``P1`` otherwise.
+2. Replace, don't scale down, terminal instances (exited/error/unknown/offline, stuck
+   provisioning, or diagnosed failed/host): destroy them; the replacement follows from rule 1.
+3. Expected workers that are dead are diagnosed first (repair before replace).
+4. Retire idle workers only when demand is ``ok``, nothing is queued or running, no expected
+   worker is dead, the queue has been empty for the dwell and no launch happened within the
+   hold-off; diagnose each first, then destroy those diagnosed healthy (they own no tasks).
+5. Never retire while demand is unknown or stale.
+It proposes; the guards, policy and approvals still decide (nothing here bypasses them).
+"""
+
+import math
+from datetime import timedelta
+
+from django.conf import settings
+
+from agent.guards import is_terminal, last_launch_at
+from agent.planners.base import Planner, Proposal, Turn
+from fleet.clock import clock
+from fleet.models import PENDING_STATUSES
+
+
+def _verdict(action: bool, changed: bool) -> str:
+    return f'<verdict>{{"action": {str(action).lower()}, "state_changed": {str(changed).lower()}}}</verdict>'
+
+
+class RulesPlanner(Planner):
+    """Deterministic policy; see the module docstring for the rules."""
+
+    name = "rules"
+
+    def per_worker_rate(self, demand) -> float:
+        """Proofs/hr one worker delivers: measured when workers are live, else the configured proof length."""
+        if demand.proofs_hr and demand.workers_live:
+            return max(1.0, demand.proofs_hr / demand.workers_live)
+        return 3600.0 / max(1.0, settings.WARDEN["PROOF_SECONDS"])
+
+    def _retire_candidates(self, world) -> list:
+        d, lim, now = world.demand, world.limits, clock.now()
+        if d.state != "ok" or d.queued or d.running or d.workers_dead:
+            return []
+        if d.idle_since is None or now - d.idle_since < timedelta(minutes=lim.dwell_min):
+            return []
+        last = last_launch_at(world)
+        if last is not None and now - last < timedelta(minutes=lim.hold_off_min):
+            return []
+        out = []
+        for inst in world.instances:
+            if inst.killed_at or inst.is_owned_host or is_terminal(inst, world)[0]:
+                continue
+            w = world.worker_for(inst)
+            if w is not None and w.owned_tasks:
+                continue
+            if inst.status == "running":
+                out.append(inst)
+        return out
+
+    def first_turn(self, world) -> Turn:
+        d, lim = world.demand, world.limits
+        calls: list[Proposal] = []
+        terminal = [i for i in world.instances if is_terminal(i, world)[0] and not i.is_owned_host]
+        for inst in terminal:
+            why = is_terminal(inst, world)[1]
+            calls.append(Proposal("destroy_instance", {"instance_id": inst.external_id, "reason": f"terminal: {why}"}))
+        active = [i for i in world.instances if i not in terminal and (i.status == "running" or i.status in PENDING_STATUSES)]
+        if d.state == "ok" and d.queued:
+            rate = self.per_worker_rate(d)
+            want = max(1, math.ceil((lim.target_proofs_hr or 0) / rate))
+            desired = min(lim.max_instances, d.queued, want)
+            prio = "P0" if not d.workers_live else "P1"
+            for _ in range(max(0, desired - len(active))):
+                calls.append(Proposal("launch_instance", {
+                    "launch_priority": prio,
+                    "reason": f"{d.queued} queued, {d.workers_live} live; want {desired} workers for {lim.target_proofs_hr:g} proofs/hr",
+                }))
+        # repair before replace: dead expected workers get diagnosed
+        for inst in active:
+            w = world.worker_for(inst)
+            if inst.status == "running" and w is not None and not w.live and not w.unschedulable and world.fresh_diagnosis(inst) is None:
+                calls.append(Proposal("diagnose_instance", {"instance_id": inst.external_id}))
+        for inst in self._retire_candidates(world):
+            if world.fresh_diagnosis(inst) is None:
+                calls.append(Proposal("diagnose_instance", {"instance_id": inst.external_id}))
+        seen, unique = set(), []
+        for p in calls:
+            k = (p.tool, str(sorted((p.args or {}).items())))
+            if k not in seen:
+                seen.add(k)
+                unique.append(p)
+        return Turn(calls=unique, batch=len(unique) > 1)
+
+    def retire_turn(self, world) -> Turn:
+        calls = []
+        for inst in self._retire_candidates(world):
+            diag = world.fresh_diagnosis(inst)
+            if diag is not None and diag.health == "healthy":
+                calls.append(Proposal("destroy_instance", {
+                    "instance_id": inst.external_id,
+                    "reason": f"idle: queue empty past the {world.limits.dwell_min:g} min dwell; diagnosed healthy",
+                }))
+        return Turn(calls=calls, batch=len(calls) > 1)
+
+    def next_turn(self, ctx) -> Turn | None:
+        if ctx.turn_index == 0:
+            turn = self.first_turn(ctx.world)
+            if turn.calls:
+                return turn
+        retire_proposed = any(
+            s.tool == "destroy_instance" and s.call_reason.startswith("idle") for s in ctx.call_steps()
+        )
+        if not retire_proposed:
+            turn = self.retire_turn(ctx.world)
+            if turn.calls:
+                return turn
+        return self.final_turn(ctx)
+
+    def final_turn(self, ctx) -> Turn:
+        done = [s for s in ctx.call_steps() if s.outcome in ("executed", "approved_executed")]
+        side = [s for s in done if s.tool in ("launch_instance", "stop_instance", "destroy_instance", "reboot_instance", "resume_instance")]
+        d = ctx.world.demand
+        parts = [] if d.state == "ok" else [f"Demand is {d.state}: no scale-down until it reads ok."]
+        parts += [f"Demand {d.state}: queued {d.queued if d.queued is not None else 'unknown'}, "
+                 f"workers {d.workers_live if d.workers_live is not None else '?'}/{d.workers_expected if d.workers_expected is not None else '?'} live."]
+        if side:
+            parts.append("Did: " + ", ".join(f"{s.tool}({(s.args or {}).get('instance_id', '')})".replace("()", "") for s in side) + ".")
+        else:
+            parts.append("No fleet change needed." if not ctx.call_steps() else "No fleet change made.")
+        return Turn(text=" ".join(parts) + " " + _verdict(bool(side), bool(side)))

@@ -1,0 +1,109 @@
+"""Every rule's number and every tool's policy, in one place.
+
+Defaults come from here and from ``settings.WARDEN`` (env); operators override them on the
+settings page, stored in ``SessionState.overrides`` (keys ``policy``, ``limits``). A replay file's
+``policy`` and ``objectives`` land in the same overrides. Nothing a planner says changes them.
+
+Policy values: ``auto`` (runs within the guards), ``approval`` (parks for an operator),
+``forbidden`` (halts the run: ``forbidden_tool``). Launches are keyed ``launch_instance`` and,
+per priority, ``launch_instance:P0`` … ``:P3`` (SCENARIOS.md "policy").
+"""
+
+from dataclasses import dataclass
+
+from django.conf import settings
+
+from agent.models import SessionState
+
+PRIORITIES = ("P0", "P1", "P2", "P3")
+
+#: tool -> policy when nothing overrides it (issue 4: stop, destroy, reboot need approval;
+#: P0 launches are auto within the caps; P1–P3 need approval)
+DEFAULT_POLICY = {
+    "list_instances": "auto",
+    "get_demand": "auto",
+    "search_offers": "auto",
+    "diagnose_instance": "auto",
+    "remember": "auto",
+    "recall": "auto",
+    "escalate_human": "auto",
+    "launch_instance": "approval",
+    "launch_instance:P0": "auto",
+    "stop_instance": "approval",
+    "resume_instance": "approval",
+    "reboot_instance": "approval",
+    "destroy_instance": "approval",
+}
+
+#: breaker thresholds and budgets (SCENARIOS.md reason table; seed 001)
+DEFAULT_LIMITS = {
+    "max_steps": 12,  # planner turns per run
+    "same_error": 2,  # halt when the last N errors are the same
+    "text_only_spiral": 5,  # consecutive text-only turns
+    "three_strikes": 3,  # failures of one tool in a run
+    "wall_clock_s": 300,  # run time budget, seconds
+    "token_budget": 60000,  # tokens in + out per run
+    "tool_timeout_s": 30,  # default per-tool timeout, seconds
+    "retry_attempts": 3,  # attempts for a transient error (first try included)
+    "observation_max_chars": 4000,  # longer observations are cut head and tail
+    "repeat_reminders": [3, 5, 8],  # advisory repeat reminder thresholds (seed 003)
+    "diagnosis_fresh_min": 15,  # stop/destroy need a diagnosis this fresh
+    "approval_expiry_min": 30,
+    "provisioning_limit_min": 180,  # stuck created/loading/scheduling past this is terminal
+    "launch_rate": [6, 600],  # at most N launches per S seconds (rate_limited)
+}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The effective numbers for one run (defaults < env settings < operator overrides)."""
+
+    values: dict
+
+    def __getattr__(self, name):
+        try:
+            return self.values[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+def effective_limits(state: SessionState | None = None) -> Limits:
+    """Defaults merged with env settings (dwell, hold-off, caps) and the anchor's overrides."""
+    state = state or SessionState.get()
+    w = settings.WARDEN
+    values = dict(DEFAULT_LIMITS)
+    values.update(
+        dwell_min=w["DWELL_MIN"],
+        hold_off_min=w["HOLD_OFF_MIN"],
+        max_instances=w["MAX_INSTANCES"],
+        max_dph=w["MAX_DPH"],
+        startup_grace_s=w["STARTUP_GRACE_S"],
+    )
+    values.update(state.objectives or {})
+    values.update((state.overrides or {}).get("limits", {}))
+    values["target_proofs_hr"] = state.target_proofs_hr
+    return Limits(values)
+
+
+def effective_policy(state: SessionState | None = None) -> dict:
+    """The policy table: defaults, then WARDEN_UNATTENDED (everything auto), then overrides."""
+    state = state or SessionState.get()
+    table = dict(DEFAULT_POLICY)
+    if settings.WARDEN.get("UNATTENDED"):
+        table = dict.fromkeys(table, "auto")
+    table.update((state.overrides or {}).get("policy", {}))
+    return table
+
+
+def policy_for(tool: str, args: dict | None, table: dict) -> str:
+    """The policy of one call: ``launch_instance:Pn`` beats ``launch_instance``; unknown → approval."""
+    if tool == "launch_instance" and args:
+        prio = args.get("launch_priority")
+        if isinstance(prio, str) and f"launch_instance:{prio}" in table:
+            return table[f"launch_instance:{prio}"]
+    return table.get(tool, "approval")
+
+
+def forbidden(tool: str, table: dict) -> bool:
+    """A tool is forbidden when its base policy is ``forbidden``."""
+    return table.get(tool) == "forbidden"

@@ -1,0 +1,63 @@
+"""The honest final report, written by the runtime from the trace — never by the planner.
+
+Seed 000 ("NEVER substitute plausible-looking fabricated output"): what was done (calls that
+succeeded), what was refused and why, what is still waiting or failed, why the run stopped, and
+the fleet's state. :func:`entailment_flags` marks instance ids and numbers in the planner's final
+answer that appear in no observation of the run (seed 001: "Whether the final answer is entailed
+by observations you actually returned").
+"""
+
+import re
+
+from agent.models import Run
+
+_ID = re.compile(r"\b[a-z]+-\d+\b")
+_NUM = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?![\w.])")
+
+
+def _call(s) -> str:
+    ident = (s.args or {}).get("instance_id")
+    return f"{s.tool}({ident})" if ident else s.tool
+
+
+def final_report(run: Run) -> str:
+    """Plain-text report of ``run`` built from its steps (one query)."""
+    steps = list(run.steps.filter(kind="call").order_by("seq"))
+    done = [s for s in steps if s.outcome in ("executed", "approved_executed")]
+    refused = [s for s in steps if s.outcome in ("refused", "halted")]
+    errors = [s for s in steps if s.outcome == "error"]
+    parked = [s for s in steps if s.outcome == "parked"]
+    rejected = [s for s in steps if s.outcome in ("rejected", "expired")]
+    lines = [f"Run {run.number} ({run.trigger}) — {run.status}" + (f": halted by {run.halt_reason}" if run.halt_reason else "")]
+    if run.halt_detail:
+        lines.append(f"Why it stopped: {run.halt_detail}")
+    lines.append("Done: " + (", ".join(_call(s) + (" (approved)" if s.outcome == "approved_executed" else "") for s in done) or "nothing"))
+    if refused:
+        lines.append("Refused: " + "; ".join(f"{_call(s)} — {s.reason_code}: {s.detail}" for s in refused))
+    if errors:
+        lines.append("Failed: " + "; ".join(f"{_call(s)} — {s.detail}" for s in errors))
+    if rejected:
+        lines.append("Not approved: " + "; ".join(f"{_call(s)} — {s.outcome}: {s.detail}" for s in rejected))
+    if parked:
+        lines.append("Waiting for an operator: " + ", ".join(_call(s) for s in parked))
+    if run.status in ("halted", "failed", "cancelled") or (run.status == "done" and run.verdict_action is None):
+        lines.append("Remains: the planner did not finish; the next cycle re-observes and decides again.")
+    from fleet.models import Instance
+
+    live = list(Instance.objects.filter(killed_at__isnull=True).values_list("external_id", "status"))
+    lines.append("Fleet now: " + (", ".join(f"{i} {st}" for i, st in live) or "no instances"))
+    return "\n".join(lines)
+
+
+def entailment_flags(run: Run) -> list[str]:
+    """Ids and numbers in ``run.final_answer`` that no observation of the run contains."""
+    answer = re.sub(r"<verdict>.*?</verdict>", "", run.final_answer or "", flags=re.S)
+    if not answer:
+        return []
+    corpus = " ".join(run.steps.exclude(observation="").values_list("observation", flat=True))
+    corpus += " " + " ".join(run.steps.filter(kind="message").values_list("text", flat=True))
+    flags = []
+    for token in set(_ID.findall(answer)) | set(_NUM.findall(answer)):
+        if token not in corpus:
+            flags.append(token)
+    return sorted(flags)

@@ -1,0 +1,36 @@
+"""Text read from machines, logs and providers is data, never instructions (seed 001 "Injection").
+
+:func:`as_data` delimits an observation for the model's context; :func:`scan_for_injection`
+finds instruction-like text aimed at the agent so the runtime raises a ``prompt_injection``
+alert. Nothing here can change policy or the allowlist: those live in code (``agent.policy``).
+"""
+
+import re
+
+_INJECTION = [
+    re.compile(r"ignore (all |any )?(the )?(previous|prior|above|earlier) (instructions|rules|prompts?)", re.I),
+    re.compile(r"disregard (all |any )?(the )?(previous|prior|above|your) (instructions|rules|guidelines)", re.I),
+    re.compile(r"\byou are now\b", re.I),
+    re.compile(r"\b(new|updated) (system )?instructions?\s*:", re.I),
+    re.compile(r"\bsystem prompt\b", re.I),
+    re.compile(r"\b(assistant|agent|ai)\s*[,:]\s*(please\s+)?(stop|destroy|delete|terminate|shut ?down|kill|send|email|dump|reveal)\b", re.I),
+    re.compile(r"\b(destroy|terminate|stop|delete) (all|every) (instances?|machines?|workers?|nodes?)\b", re.I),
+    re.compile(r"\b(reveal|print|dump|send|email|exfiltrate) (the |your )?(api[_ ]?keys?|secrets?|credentials|env(ironment)?( variables)?|passwords?)\b", re.I),
+    re.compile(r"<\s*/?\s*(system|tool_result|verdict)\s*>", re.I),
+]
+
+
+def scan_for_injection(text: str) -> list[str]:
+    """The instruction-like fragments found in ``text`` (empty when none)."""
+    hits = []
+    for pat in _INJECTION:
+        m = pat.search(text or "")
+        if m:
+            hits.append(m.group(0))
+    return hits
+
+
+def as_data(tool: str, observation: str) -> str:
+    """Wrap an observation for the model: clearly delimited, labelled untrusted."""
+    safe = (observation or "").replace("</observation", "&lt;/observation")
+    return f'<observation tool="{tool}" trust="untrusted-data">\n{safe}\n</observation>'
