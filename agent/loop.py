@@ -224,11 +224,7 @@ def _claim_run(trigger: str, planner) -> Run:
 
 
 def _run_monitor(tc: TurnContext) -> None:
-    """The monitor's lifecycle rules run here once ``fleet.monitor`` exists (a later issue)."""
-    try:
-        from fleet import monitor  # noqa: F401
-    except ImportError:
-        return
+    """The monitor's lifecycle rules, before the planner's turns (SCENARIOS.md cycle order 2)."""
     from agent.monitor_runner import run_monitor
 
     run_monitor(tc)

@@ -34,3 +34,11 @@ def start_cycle(trigger: str, message: str | None = None, actor: str = "system")
 def start_resume(run_id: int) -> None:
     """Enqueue the resume of a parked run once the current transaction commits."""
     transaction.on_commit(lambda: resume.delay(run_id))
+
+
+@shared_task(name="agent.tasks.monitor_tick", acks_late=True)
+def monitor_tick():
+    """The monitor's lifecycle rules (beat, every 60 s); returns a run number when it acted."""
+    from agent.monitor_runner import monitor_tick as tick
+
+    return tick()

@@ -63,7 +63,10 @@ class RulesPlanner(Planner):
     def first_turn(self, world) -> Turn:
         d, lim = world.demand, world.limits
         calls: list[Proposal] = []
-        terminal = [i for i in world.instances if is_terminal(i, world)[0] and not i.is_owned_host]
+        terminal = [
+            i for i in world.instances
+            if is_terminal(i, world)[0] and not i.is_owned_host and i.destroy_requested_at is None
+        ]
         for inst in terminal:
             why = is_terminal(inst, world)[1]
             calls.append(Proposal("destroy_instance", {"instance_id": inst.external_id, "reason": f"terminal: {why}"}))
