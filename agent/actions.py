@@ -152,3 +152,31 @@ def do_instance_action(inst, action: str, *, actor: str, reason: str = "") -> No
     inst.save(update_fields=fields)
     do_audit(actor, f"{action}_instance", inst.external_id, reason, before, _inst_state(inst))
     emit("fleet-changed")
+
+
+@transaction.atomic
+def do_reset_session(actor: str, reason: str = "") -> SessionState:
+    """Start a new conversation epoch: earlier runs leave the model's context (they stay visible).
+
+    The anchor keeps the run counter, the objectives and the overrides (seed 002: run ids must
+    not restart after a reset).
+    """
+    state = SessionState.objects.select_for_update().get(pk=SessionState.get().pk)
+    before = state.epoch
+    state.epoch += 1
+    state.save(update_fields=["epoch", "updated_at"])
+    do_audit(actor, "reset_session", "session", reason, {"epoch": before}, {"epoch": state.epoch})
+    emit("runs-changed", "chat-changed")
+    return state
+
+
+@transaction.atomic
+def do_set_observe_only(on: bool, actor: str, reason: str = "") -> SessionState:
+    """Switch observe-only mode: the agent observes and proposes; no side effect executes."""
+    state = SessionState.objects.select_for_update().get(pk=SessionState.get().pk)
+    before = state.observe_only
+    state.observe_only = bool(on)
+    state.save(update_fields=["observe_only", "updated_at"])
+    do_audit(actor, "set_observe_only", "session", reason, {"observe_only": before}, {"observe_only": state.observe_only})
+    emit("settings-changed", "runs-changed")
+    return state
