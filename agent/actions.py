@@ -93,23 +93,26 @@ def do_launch_instance(*, gpu_name: str = "", offer_id: str = "", actor: str, re
     provider = get_provider()
     pi = provider.launch(gpu_name=gpu_name, offer_id=offer_id, label="warden")
     now = clock.now()
-    inst = Instance.objects.create(
+    # a sync between the launch and this save may already have adopted the row
+    inst, _ = Instance.objects.update_or_create(
         provider=provider.name,
         external_id=pi.external_id,
-        label=pi.label,
-        gpu_name=pi.gpu_name or gpu_name,
-        status=pi.status,
-        intended_status="running",
-        status_msg=pi.status_msg,
-        status_since=now,
-        dph=pi.dph,
-        ssh_host=pi.ssh_host,
-        ssh_port=pi.ssh_port,
-        pid=pi.pid,
-        log_path=pi.log_path,
-        worker_name=pi.worker_name or pi.external_id,
-        created_at=now,
-        started_at=pi.started_at or now,
+        defaults=dict(
+            label=pi.label,
+            gpu_name=pi.gpu_name or gpu_name,
+            status=pi.status,
+            intended_status="running",
+            status_msg=pi.status_msg,
+            status_since=now,
+            dph=pi.dph,
+            ssh_host=pi.ssh_host,
+            ssh_port=pi.ssh_port,
+            pid=pi.pid,
+            log_path=pi.log_path,
+            worker_name=pi.worker_name or pi.external_id,
+            created_at=now,
+            started_at=pi.started_at or now,
+        ),
     )
     do_audit(actor, "launch_instance", inst.external_id, reason, None, _inst_state(inst))
     emit("fleet-changed")

@@ -1,0 +1,109 @@
+"""Bring our ``Instance`` rows in line with what the provider reports.
+
+One provider read, one query for our rows, one for unknown ids, then an UPDATE per changed
+row only: the query count does not grow with the fleet unless rows actually change.
+"""
+
+from datetime import timedelta
+
+from django.db import transaction
+
+from fleet.clock import clock
+from fleet.events import emit
+from fleet.models import Instance
+from fleet.providers import get_provider
+
+#: an instance this young may not be listed yet (provider lag): never marked vanished
+VANISH_GRACE = timedelta(minutes=10)
+
+#: ProviderInstance field -> Instance field copied on every sync
+_COPIED = [
+    "status",
+    "intended_status",
+    "status_msg",
+    "gpu_name",
+    "dph",
+    "ssh_host",
+    "ssh_port",
+    "pid",
+    "exit_code",
+    "log_path",
+    "worker_name",
+    "started_at",
+]
+
+
+def _fields(p) -> dict:
+    values = {f: getattr(p, f) for f in _COPIED}
+    for f in ("status_msg", "gpu_name", "ssh_host", "log_path", "worker_name", "intended_status"):
+        values[f] = values[f] or ""
+    values["intended_status"] = values["intended_status"] or "running"
+    return values
+
+
+def sync_instances(provider=None) -> list[Instance]:
+    """List ``provider`` (default: ``get_provider()``) and update its ``Instance`` rows.
+
+    - a listed instance: status, intended status, message, pid, exit code, log path, worker
+      name, started_at... are copied; ``status_since`` moves to ``clock.now()`` when the status
+      changes;
+    - one of our live rows missing from the list: marked killed (``killed_by="provider"``,
+      reason "vanished") unless it was created less than 10 minutes ago;
+    - a listed instance we have no row for: adopted (a new row), so nothing that runs is hidden.
+
+    Emits ``fleet-changed`` (after commit) when anything changed. Returns this provider's
+    non-killed instances, newest first. Raises ``ProviderError`` when the provider read fails
+    (nothing is changed then).
+    """
+    provider = provider or get_provider()
+    listed = provider.list_instances()  # raises ProviderError: never read as "no instances"
+    by_id = {p.external_id: p for p in listed}
+    now = clock.now()
+    changed = False
+    with transaction.atomic():
+        rows = list(Instance.objects.select_for_update().filter(provider=provider.name, killed_at__isnull=True))
+        for row in rows:
+            p = by_id.pop(row.external_id, None)
+            if p is None:
+                if row.created_at > now - VANISH_GRACE:
+                    continue
+                row.killed_at, row.killed_by, row.kill_reason = now, "provider", "vanished"
+                row.save(update_fields=["killed_at", "killed_by", "kill_reason"])
+                changed = True
+                continue
+            values = _fields(p)
+            diff = [f for f, v in values.items() if getattr(row, f) != v]
+            if not diff:
+                continue
+            if "status" in diff:
+                row.status_since = now
+                diff.append("status_since")
+            for f in diff:
+                if f != "status_since":
+                    setattr(row, f, values[f])
+            row.save(update_fields=diff)
+            changed = True
+        if by_id:
+            known = set(
+                Instance.objects.filter(provider=provider.name, external_id__in=list(by_id)).values_list(
+                    "external_id", flat=True
+                )
+            )
+            new = [
+                Instance(
+                    provider=provider.name,
+                    external_id=p.external_id,
+                    label=p.label or "",
+                    status_since=now,
+                    created_at=p.started_at or now,
+                    **_fields(p),
+                )
+                for ext, p in by_id.items()
+                if ext not in known  # a killed row still listed: its destroy is unconfirmed; the monitor handles it
+            ]
+            if new:
+                Instance.objects.bulk_create(new)
+                changed = True
+        if changed:
+            emit("fleet-changed")
+    return list(Instance.objects.filter(provider=provider.name, killed_at__isnull=True).order_by("-created_at"))

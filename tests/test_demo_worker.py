@@ -1,0 +1,90 @@
+"""The demo worker speaks HarmonyDB's queue protocol: register, heartbeat, claim, prove, record."""
+
+import time
+
+from django.utils import timezone
+
+from fleet import demo
+from fleet.harmony import HarmonyTask, HarmonyTaskHistory
+from tests import fleet_support
+from tests.fleet_support import FLEET_DB, machine_of, wait_for
+
+pytestmark = FLEET_DB
+local_fleet = fleet_support.local_fleet
+
+
+def test_it_proves_queued_tasks_deletes_them_and_writes_history(local_fleet):
+    ids = demo.enqueue(3)
+    inst = local_fleet.launch()
+
+    wait_for(lambda: not HarmonyTask.objects.exists(), timeout=30, what="the queue to drain")
+
+    machine = machine_of(inst.worker_name)
+    history = list(HarmonyTaskHistory.objects.order_by("task_id"))
+    assert [h.task_id for h in history] == ids
+    assert all(h.result and h.name == "PoRep" for h in history)
+    assert all(h.completed_by_host_and_port == machine.host_and_port for h in history)
+    assert all((h.work_end - h.work_start).total_seconds() >= 0.9 for h in history)
+
+
+def test_two_workers_never_claim_the_same_task(local_fleet):
+    ids = demo.enqueue(6)
+    local_fleet.launch()
+    local_fleet.launch()
+
+    wait_for(lambda: not HarmonyTask.objects.exists(), timeout=40, what="the queue to drain")
+
+    done = list(HarmonyTaskHistory.objects.values_list("task_id", flat=True))
+    assert sorted(done) == ids
+    assert len({h.completed_by_host_and_port for h in HarmonyTaskHistory.objects.all()}) == 2
+
+
+def test_its_heartbeat_stays_fresh_while_two_workers_prove_on_all_cores(local_fleet, settings):
+    settings.WARDEN = {**settings.WARDEN, "PROOF_SECONDS": 8.0}
+    a = local_fleet.launch()
+    b = local_fleet.launch()
+    wait_for(lambda: machine_of(a.worker_name) and machine_of(b.worker_name), what="registration")
+    demo.enqueue(2)
+    wait_for(lambda: HarmonyTask.objects.filter(owner__isnull=False).count() == 2, what="both tasks claimed")
+
+    worst = 0.0
+    for _ in range(12):
+        time.sleep(0.5)
+        now = timezone.now()
+        for inst in (a, b):
+            worst = max(worst, (now - machine_of(inst.worker_name).last_contact).total_seconds())
+    assert worst < 3 * settings.WARDEN["HEARTBEAT_S"], worst
+    assert HarmonyTask.objects.filter(owner__isnull=False).count() == 2  # still proving
+
+
+def test_it_puts_its_task_back_when_stopped_mid_proof(local_fleet, settings):
+    settings.WARDEN = {**settings.WARDEN, "PROOF_SECONDS": 120.0}
+    [task_id] = demo.enqueue(1)
+    inst = local_fleet.launch()
+    wait_for(lambda: HarmonyTask.objects.filter(id=task_id, owner__isnull=False).exists(), what="the claim")
+
+    local_fleet.stop(inst.external_id)
+
+    task = HarmonyTask.objects.get(id=task_id)
+    assert task.owner_id is None
+    assert not HarmonyTaskHistory.objects.exists()
+    assert {p.external_id: p for p in local_fleet.list_instances()}[inst.external_id].exit_code == 0
+
+
+def test_a_cordoned_worker_claims_nothing(local_fleet):
+    inst = local_fleet.launch()
+    machine = wait_for(lambda: machine_of(inst.worker_name), what="registration")
+    type(machine).objects.filter(id=machine.id).update(unschedulable=True)
+
+    demo.enqueue(2)
+    time.sleep(3)
+
+    assert HarmonyTask.objects.filter(owner__isnull=True).count() == 2
+
+
+def test_it_ignores_tasks_that_are_not_its_own(local_fleet):
+    demo.enqueue(2, name="SDR")
+    local_fleet.launch()
+    time.sleep(3)
+
+    assert HarmonyTask.objects.filter(name="SDR", owner__isnull=True).count() == 2
