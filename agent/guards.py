@@ -162,8 +162,11 @@ def check(tool: str, args: dict, key: str, world, *, batch_prior: list[tuple[str
             return Refusal("instance_cap", f"{count} instances; the cap is {lim.max_instances}")
         # budget_cap
         spend = sum(i.dph for i in world.instances if i.killed_at is None)
-        spend += sum(_launch_price(a) for t, a in batch_prior if t == "launch_instance")
-        price = _launch_price(args)
+        try:
+            spend += sum(_launch_price(a) for t, a in batch_prior if t == "launch_instance")
+            price = _launch_price(args)
+        except ProviderError as exc:
+            return Refusal("budget_cap", f"cannot price the launch ({exc.code or exc.kind}: {exc}); not launching blind")
         if spend + price > lim.max_dph + 1e-9:
             return Refusal("budget_cap", f"${spend:.2f}/hr + ${price:.2f}/hr would exceed the ${lim.max_dph:.2f}/hr cap")
 

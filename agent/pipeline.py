@@ -134,12 +134,14 @@ def score_turn(tc, turn) -> tuple[list[Decision], Halt | None]:
             dec.action = "done"
             continue
         spec = TOOLS[p.tool]
+        args, why = _parse(p)
+        if args is not None:
+            step.args = redact_obj(args)
         if tc.world.policy.get(p.tool) == "forbidden":
             _finish(step, "halted", "forbidden_tool", f"{p.tool} is forbidden by policy", ok=False)
             halt = Halt("forbidden_tool", f"{p.tool} is forbidden by policy")
             dec.action = "done"
             continue
-        args, why = _parse(p)
         if args is None:
             _finish(step, "refused", "invalid_args", why, ok=False)
             dec.action = "done"
@@ -148,13 +150,11 @@ def score_turn(tc, turn) -> tuple[list[Decision], Halt | None]:
         try:
             spec.schema.model_validate(args)
         except ValidationError as exc:
-            step.args = redact_obj(args)
             _finish(step, "refused", "invalid_args", f"{p.tool}: {_schema_error(exc)}", ok=False)
             dec.action = "done"
             halt = tc.after_error(step)
             continue
         dec.args = args
-        step.args = redact_obj(args)
         step.call_reason = redact(str(args.get("reason", "")))[:2000]
         if policy_for(p.tool, args, tc.world.policy) == "forbidden":
             _finish(step, "halted", "forbidden_tool", f"{p.tool} at priority {args.get('launch_priority')} is forbidden by policy", ok=False)
