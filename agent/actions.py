@@ -5,6 +5,8 @@ commit (``fleet.events.emit``), so the UI, CLI, Celery tasks and the agent's too
 and push the same way (Zulip's ``zerver/actions`` pattern, reference/style.md §1.2).
 """
 
+import hashlib
+
 from django.db import transaction
 
 from agent.models import AuditLog, Run, SessionState, Step
@@ -183,3 +185,82 @@ def do_set_observe_only(on: bool, actor: str, reason: str = "") -> SessionState:
     do_audit(actor, "set_observe_only", "session", reason, {"observe_only": before}, {"observe_only": state.observe_only})
     emit("settings-changed", "runs-changed")
     return state
+
+
+OPERATOR_ACTIONS = {"stop", "destroy", "reboot", "resume"}
+OVERRIDABLE = {"demand_guard", "hold_off"}
+
+
+class ActionRefused(Exception):
+    """An operator action was refused by a guard: ``code`` (SCENARIOS.md reason code), ``detail``.
+
+    ``status`` is the HTTP status the API answers with (428 for ``diagnosis_required``).
+    """
+
+    def __init__(self, code: str, detail: str):
+        super().__init__(f"{code}: {detail}")
+        self.code, self.detail = code, detail
+        self.status = 428 if code == "diagnosis_required" else 409
+
+
+def do_operator_instance_action(inst, action: str, *, actor: str, reason: str, override_reason: str = "",
+                                request_key: str = "") -> None:
+    """An operator's stop/destroy/reboot/resume from the fleet page, through the same guards.
+
+    ``override_reason`` (typed by the operator) lets the action pass ``demand_guard`` and
+    ``hold_off`` only; the override is audited. ``request_key`` (a form token) makes a replayed
+    POST a ``duplicate``. Raises :class:`ActionRefused`, ``ValueError`` for bad input, or
+    ``ProviderError`` when the provider fails.
+    """
+    from django.db import IntegrityError
+
+    from agent.guards import check
+    from agent.models import SideEffect
+    from agent.observe import observe
+    from agent.policy import effective_limits, effective_policy
+
+    if action not in OPERATOR_ACTIONS:
+        raise ValueError(f"unknown action {action!r}; use one of {', '.join(sorted(OPERATOR_ACTIONS))}")
+    reason = (reason or "").strip()
+    if not reason:
+        raise ValueError("say why (the reason goes to the audit log)")
+    tool = f"{action}_instance"
+    args = {"instance_id": inst.external_id, "reason": reason}
+    override = OVERRIDABLE if (override_reason or "").strip() else set()
+    state = SessionState.get()
+    world = observe(effective_limits(state), effective_policy(state))
+    key = "op:" + hashlib.sha256(f"{actor}|{tool}|{inst.external_id}|{request_key or clock.now().isoformat()}".encode()).hexdigest()[:36]
+    refusal = check(tool, args, key, world, actor=actor, override=override)
+    if refusal is not None:
+        do_audit(actor, f"{tool}_refused", inst.external_id, reason, None, {"code": refusal.code, "detail": refusal.detail})
+        raise ActionRefused(refusal.code, refusal.detail)
+    try:
+        with transaction.atomic():
+            claim = SideEffect.objects.create(key=key, tool=tool, args=args, instance_ref=inst.external_id, actor=actor,
+                                              claimed_at=clock.now())
+    except IntegrityError:
+        raise ActionRefused("duplicate", "this request already ran") from None
+    if override:
+        do_audit(actor, "override_guard", inst.external_id, override_reason.strip(), None,
+                 {"overrides": sorted(override), "tool": tool})
+    try:
+        do_instance_action(inst, action, actor=actor, reason=reason)
+    except Exception as exc:
+        claim.status, claim.result, claim.finished_at = "failed", redact(str(exc))[:2000], clock.now()
+        claim.save(update_fields=["status", "result", "finished_at"])
+        raise
+    claim.status, claim.finished_at = "done", clock.now()
+    claim.save(update_fields=["status", "finished_at"])
+
+
+def do_cordon(inst, on: bool, *, actor: str, reason: str = "") -> int:
+    """Cordon (or uncordon) ``inst``'s Curio worker: it drains and takes no new tasks.
+
+    Returns the number of worker rows changed (0 when the worker has not registered).
+    """
+    from fleet.harmony import set_unschedulable
+
+    n = set_unschedulable(inst.worker_name or inst.external_id, on)
+    do_audit(actor, "cordon" if on else "uncordon", inst.external_id, reason, None, {"unschedulable": on, "rows": n})
+    emit("fleet-changed", "demand-changed")
+    return n

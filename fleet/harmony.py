@@ -123,3 +123,15 @@ def ensure_schema(alias: str = HARMONY_ALIAS) -> list[str]:
                 editor.create_model(model)
                 created.append(model._meta.db_table)
     return created
+
+
+def set_unschedulable(machine_name: str, value: bool, alias: str = HARMONY_ALIAS) -> int:
+    """Cordon (``True``) or uncordon a Curio node by its ``machine_name``; returns rows changed.
+
+    Curio's cordon bit is ``harmony_machines.unschedulable`` (curio.md §3.3): the node finishes
+    what it owns and takes no new work.
+    """
+    ids = list(
+        HarmonyMachineDetails.objects.using(alias).filter(machine_name=machine_name).values_list("machine_id", flat=True)
+    )
+    return HarmonyMachine.objects.using(alias).filter(id__in=ids).update(unschedulable=value)

@@ -24,18 +24,19 @@ def entry(iid: str, *, status: str = "running", live: bool = True, owned: int = 
 
 
 @contextlib.contextmanager
-def scenario_world(fleet: list[dict], demand: dict, *, policy: dict | None = None, age_min: float = 300, objectives=None):
+def scenario_world(fleet: list[dict], demand: dict, *, policy: dict | None = None, age_min: float = 300, objectives=None,
+                   provider_name: str = "scenario"):
     """Rows for ``fleet``, the scenario provider/demand installed, policy overrides set."""
     now = clock.now()
     for e in fleet:
-        Instance.objects.create(provider="scenario", external_id=e["id"], status=e["actual_status"], gpu_name=e["gpu_name"],
+        Instance.objects.create(provider=provider_name, external_id=e["id"], status=e["actual_status"], gpu_name=e["gpu_name"],
                                 dph=e["dph"], worker_name=e["id"], created_at=now - timedelta(minutes=age_min),
                                 started_at=now - timedelta(minutes=age_min), status_since=now - timedelta(minutes=age_min))
     state = SessionState.get()
     state.overrides = {"policy": policy or {}}
     state.objectives = objectives or {}
     state.save()
-    provider = ScenarioProvider(fleet=fleet)
+    provider = ScenarioProvider(fleet=fleet, name=provider_name)
     providers.set_override(provider)
     demand_mod.set_override(ScenarioDemandSource(demand, fleet))
     try:
