@@ -1,0 +1,5 @@
+"""Warden's Django project package; importing it loads the Celery app so ``@shared_task`` binds to it."""
+
+from console.celery import app as celery_app
+
+__all__ = ("celery_app",)

@@ -1,0 +1,47 @@
+"""Push ``fleet.events.changed`` topics to every open console over the channel layer.
+
+``fleet.events.emit`` fires the ``changed`` signal after commit; :func:`on_changed` forwards the
+topic list to group ``console`` as ``{"type": "console.signal", "topics": [...]}``. A broken
+channel layer (Redis unreachable) is logged and swallowed: a page refresh still shows the truth,
+and the action that emitted must not fail because nobody could be told.
+"""
+
+import logging
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+
+from console.consumers import GROUP, user_group
+
+log = logging.getLogger(__name__)
+
+
+def send_topics(topics: list[str]) -> bool:
+    """Group-send ``topics`` to the console group. Returns False (and logs) when the layer fails."""
+    layer = get_channel_layer()
+    if layer is None or not topics:
+        return False
+    try:
+        async_to_sync(layer.group_send)(GROUP, {"type": "console.signal", "topics": list(topics)})
+    except Exception as exc:  # redis down, layer full: never break the caller
+        log.warning("console broadcast of %s failed: %s", topics, exc)
+        return False
+    return True
+
+
+def on_changed(sender, topics=(), **kwargs) -> None:
+    """Receiver for :data:`fleet.events.changed` (connected in ``ConsoleConfig.ready``)."""
+    send_topics(list(topics))
+
+
+def on_logged_out(sender, request=None, user=None, **kwargs) -> None:
+    """Receiver for ``user_logged_out``: close that user's open sockets."""
+    if user is None:
+        return
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    try:
+        async_to_sync(layer.group_send)(user_group(user.pk), {"type": "console.force_close"})
+    except Exception as exc:
+        log.warning("closing sockets of %s failed: %s", user, exc)

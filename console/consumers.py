@@ -1,0 +1,53 @@
+"""The console's one websocket: ``/ws/console/`` pushes change topics to signed-in operators.
+
+Protocol (server → browser only): one JSON text frame per topic, ``{"trigger": "<topic>"}``
+(topics: ``fleet.events`` docstring). The browser re-fetches the regions that listen for the topic
+over plain HTTP, so the socket never carries data or side effects; anything the browser sends is
+ignored. An anonymous socket is accepted then closed with code 4401, which htmx 2 does not retry
+(a pre-accept rejection becomes close 1006 in the browser, which it retries forever).
+"""
+
+import json
+
+from channels.generic.websocket import AsyncWebsocketConsumer
+
+#: the channel-layer group every signed-in console joins
+GROUP = "console"
+#: close code for a socket without a signed-in user
+CLOSE_UNAUTHENTICATED = 4401
+
+
+def user_group(user_id: int) -> str:
+    """The per-user group, used to close a user's sockets when they log out."""
+    return f"user.{user_id}"
+
+
+class ConsoleConsumer(AsyncWebsocketConsumer):
+    """Forwards ``console.signal`` layer events as ``{"trigger": topic}`` frames."""
+
+    async def connect(self) -> None:
+        self.joined: list[str] = []
+        await self.accept()
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=CLOSE_UNAUTHENTICATED)
+            return
+        for group in (GROUP, user_group(user.pk)):
+            await self.channel_layer.group_add(group, self.channel_name)
+            self.joined.append(group)
+
+    async def disconnect(self, code: int) -> None:
+        for group in getattr(self, "joined", []):
+            await self.channel_layer.group_discard(group, self.channel_name)
+
+    async def receive(self, text_data=None, bytes_data=None) -> None:
+        """Ignore client frames: side effects travel over HTTP POST with CSRF, never over the socket."""
+
+    async def console_signal(self, event: dict) -> None:
+        """Layer event ``{"type": "console.signal", "topics": [str, ...]}``: one frame per topic."""
+        for topic in event.get("topics", []):
+            await self.send(text_data=json.dumps({"trigger": topic}))
+
+    async def console_force_close(self, event: dict) -> None:
+        """Layer event sent on logout: close this user's socket (auth is only checked at connect)."""
+        await self.close(code=CLOSE_UNAUTHENTICATED)

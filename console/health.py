@@ -1,0 +1,158 @@
+"""``/healthz``: is every part Warden needs up? JSON, no login.
+
+Checks (each ``{"up": bool, "detail": str}``):
+
+* ``database`` — ``SELECT 1`` on the default database;
+* ``harmony`` — one read of ``harmony_task`` on the HarmonyDB alias (Curio's queue);
+* ``redis`` — ``PING`` on ``REDIS_URL`` (1 s timeouts);
+* ``celery`` — a worker answers a control ping (skipped, down, when Redis is);
+* ``beat`` — Redis key ``warden:beat:last_tick`` (unix seconds, written by the beat tick task)
+  is younger than two tick intervals (``console.tasks.BEAT_TICK_INTERVAL_S``, 30 s).
+
+Also reported, not judged: the last run (number, status, started_at) and the newest demand
+sample (state, age in seconds). Status 200 when every check is up, else 503 with ``down`` naming
+the failed checks.
+"""
+
+import time
+
+import redis
+from django.conf import settings
+from django.db import connections
+
+from console.tasks import BEAT_TICK_INTERVAL_S, BEAT_TICK_KEY
+from fleet.clock import clock
+
+BEAT_KEY = BEAT_TICK_KEY
+
+REDIS_TIMEOUT_S = 1.0
+CELERY_PING_TIMEOUT_S = 1.0
+
+
+def beat_tick_s() -> float:
+    """Seconds between beat ticks (the beat task writes :data:`BEAT_KEY` every tick)."""
+    return float(settings.WARDEN.get("BEAT_TICK_S", BEAT_TICK_INTERVAL_S))
+
+
+def _up(detail: str = "") -> dict:
+    return {"up": True, "detail": detail}
+
+
+def _down(detail: str) -> dict:
+    return {"up": False, "detail": detail[:300]}
+
+
+def check_database() -> dict:
+    try:
+        with connections["default"].cursor() as cur:
+            cur.execute("SELECT 1")
+        return _up()
+    except Exception as exc:
+        return _down(f"{type(exc).__name__}: {exc}")
+
+
+def check_harmony() -> dict:
+    from fleet.harmony import HarmonyTask
+
+    try:
+        HarmonyTask.objects.using("harmony").only("id").first()
+        return _up()
+    except Exception as exc:
+        return _down(f"{type(exc).__name__}: {exc}")
+
+
+def redis_client() -> redis.Redis:
+    """A client for ``REDIS_URL`` that gives up within a second."""
+    return redis.Redis.from_url(
+        settings.REDIS_URL, socket_connect_timeout=REDIS_TIMEOUT_S, socket_timeout=REDIS_TIMEOUT_S
+    )
+
+
+def check_redis(client: redis.Redis) -> dict:
+    try:
+        client.ping()
+        return _up()
+    except Exception as exc:
+        return _down(f"{type(exc).__name__}: {exc}")
+
+
+def check_celery(redis_up: bool) -> dict:
+    if not redis_up:
+        return _down("not pinged: Redis (the broker) is down")
+    try:
+        from console.celery import app
+    except Exception as exc:
+        return _down(f"no Celery app: {exc}")
+    try:
+        replies = app.control.ping(timeout=CELERY_PING_TIMEOUT_S)
+    except Exception as exc:
+        return _down(f"{type(exc).__name__}: {exc}")
+    if not replies:
+        return _down(f"no worker answered a ping within {CELERY_PING_TIMEOUT_S:g} s")
+    return _up(", ".join(sorted(name for reply in replies for name in reply)))
+
+
+def check_beat(client: redis.Redis, redis_up: bool) -> dict:
+    if not redis_up:
+        return _down("unknown: Redis is down")
+    limit = 2 * beat_tick_s()
+    try:
+        raw = client.get(BEAT_KEY)
+    except Exception as exc:
+        return _down(f"{type(exc).__name__}: {exc}")
+    if raw is None:
+        return _down("beat has never ticked")
+    try:
+        age = time.time() - float(raw)
+    except ValueError:
+        return _down(f"bad tick value {raw!r}")
+    if age > limit:
+        return _down(f"last tick {age:.0f} s ago (limit {limit:.0f} s)")
+    return _up(f"last tick {age:.0f} s ago")
+
+
+def last_run() -> dict | None:
+    from agent.models import Run
+
+    run = Run.objects.order_by("-started_at").only("number", "status", "started_at").first()
+    if run is None:
+        return None
+    return {"number": run.number, "status": run.status, "started_at": run.started_at.isoformat()}
+
+
+def demand() -> dict:
+    from fleet.models import DemandSample
+
+    sample = DemandSample.objects.order_by("-taken_at").only("state", "taken_at").first()
+    if sample is None:
+        return {"state": "unknown", "age_s": None, "detail": "no demand sample yet"}
+    age = (clock.now() - sample.taken_at).total_seconds()
+    return {"state": sample.state, "age_s": round(age, 1), "taken_at": sample.taken_at.isoformat()}
+
+
+def report() -> tuple[dict, int]:
+    """Run every check. Returns ``(body, http_status)``: 200 all up, 503 otherwise."""
+    client = redis_client()
+    checks = {"database": check_database(), "harmony": check_harmony(), "redis": check_redis(client)}
+    redis_up = checks["redis"]["up"]
+    checks["celery"] = check_celery(redis_up)
+    checks["beat"] = check_beat(client, redis_up)
+    try:
+        client.close()
+    except Exception:
+        pass
+    body: dict = {"checks": checks}
+    if checks["database"]["up"]:
+        try:
+            body["last_run"] = last_run()
+            body["demand"] = demand()
+        except Exception as exc:
+            body["last_run"] = None
+            body["demand"] = {"state": "unknown", "age_s": None, "detail": str(exc)[:300]}
+    else:
+        body["last_run"] = None
+        body["demand"] = {"state": "unknown", "age_s": None, "detail": "database down"}
+    down = [name for name, check in checks.items() if not check["up"]]
+    body["status"] = "down" if down else "ok"
+    body["down"] = down
+    return body, 503 if down else 200

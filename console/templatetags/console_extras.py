@@ -1,0 +1,51 @@
+"""Template helpers for the console: roles, ages, demand counts that are never a fake zero."""
+
+from django import template
+
+register = template.Library()
+
+
+def can_act(user) -> bool:
+    """True for operators (group ``operators``) and superusers; cached on the user object."""
+    if not getattr(user, "is_authenticated", False):
+        return False
+    cached = getattr(user, "_warden_can_act", None)
+    if cached is None:
+        cached = bool(user.is_superuser or user.groups.filter(name="operators").exists())
+        user._warden_can_act = cached
+    return cached
+
+
+register.filter("can_act", can_act)
+
+
+@register.filter
+def age(seconds) -> str:
+    """``seconds`` (number or None) as a short age: ``"45 s"``, ``"12 min"``, ``"3 h 5 min"``, ``"2 d"``."""
+    if seconds is None:
+        return "unknown"
+    s = int(max(0, float(seconds)))
+    if s < 90:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min"
+    if s < 86400:
+        h, m = divmod(s // 60, 60)
+        return f"{h} h {m} min" if m else f"{h} h"
+    return f"{s // 86400} d"
+
+
+@register.filter
+def count(value) -> str:
+    """A demand count: ``"unknown"`` for None (an unreadable queue is never shown as 0)."""
+    if value is None:
+        return "unknown"
+    if isinstance(value, float):
+        return f"{value:.1f}".rstrip("0").rstrip(".")
+    return str(value)
+
+
+@register.filter
+def yesno_unknown(value) -> str:
+    """True/False/None as ``yes``/``no``/``–``."""
+    return {True: "yes", False: "no"}.get(value, "–")

@@ -1,0 +1,153 @@
+"""The dashboard: login, summary cards, demand state shown loudly, regions as htmx partials, roles."""
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from agent.models import Run, SessionState
+from fleet.models import DemandSample, Instance
+
+HX = {"HX-Request": "true"}
+
+
+def make_instances(n: int, start: int = 0, **kw) -> None:
+    now = timezone.now()
+    Instance.objects.bulk_create(
+        [
+            Instance(provider="local", external_id=f"w{start + i}", label=f"worker-{start + i}", status="running",
+                     status_since=now, created_at=now, dph=0.5, **kw)
+            for i in range(n)
+        ]
+    )
+
+
+def test_it_requires_login(client, db):
+    resp = client.get("/")
+    assert resp.status_code == 302
+    assert resp["Location"].startswith("/login/")
+
+
+def test_it_logs_in_with_the_login_page(client, alice):
+    resp = client.post("/login/", {"username": "alice", "password": "alice-pass-1"})
+    assert resp.status_code == 302 and resp["Location"] == "/"
+    assert client.get("/").status_code == 200
+
+
+def test_it_shows_summary_cards(client, alice):
+    SessionState.objects.update_or_create(pk=1, defaults={"target_proofs_hr": 240})
+    make_instances(2)
+    DemandSample.objects.create(taken_at=timezone.now() - timedelta(seconds=30), state="ok", queued=7, running=2,
+                                workers_expected=2, workers_live=1, workers_dead=1, proofs_hr=88.5)
+    client.force_login(alice)
+    html = client.get("/").content.decode()
+    assert "demand: OK" in html
+    assert 'id="card-target">240<' in html
+    assert 'id="card-queued">7' in html
+    assert "88.5" in html
+    assert "1 / 2" in html and "1 dead" in html
+    assert "$1.00" in html  # two running instances at $0.50/hr
+    assert "Trigger observe cycle now" in html
+    assert 'ws-connect="/ws/console/"' in html
+    assert "django_htmx/htmx-2.min.js" in html and "django_htmx/ext/hx-ws-2.min.js" in html
+    assert "console.js" in html
+
+
+def test_it_never_shows_an_unknown_queue_as_zero(client, alice):
+    DemandSample.objects.create(taken_at=timezone.now() - timedelta(minutes=4), state="unknown",
+                                error="harmony unreadable: connection refused")
+    client.force_login(alice)
+    html = client.get("/").content.decode()
+    assert "demand: UNKNOWN" in html
+    assert "read 4 min ago" in html
+    assert "harmony unreadable" in html
+    assert 'id="card-queued">unknown' in html
+    assert 'id="card-queued">0' not in html
+
+
+def test_it_says_unknown_before_the_first_demand_read(client, alice):
+    client.force_login(alice)
+    html = client.get("/").content.decode()
+    assert "demand: UNKNOWN" in html and "no demand sample yet" in html
+    assert 'id="card-queued">unknown' in html
+
+
+def test_it_marks_stale_demand(client, alice):
+    DemandSample.objects.create(taken_at=timezone.now() - timedelta(hours=2), state="stale", queued=3)
+    client.force_login(alice)
+    html = client.get("/").content.decode()
+    assert "demand: STALE" in html and "read 2 h ago" in html
+    assert 'id="card-queued">3 <span class="badge warn">stale</span>' in html
+
+
+def test_it_serves_each_region_as_a_partial(client, alice):
+    Run.objects.create(number=1, trigger="operator", planner="rules", status="done", started_at=timezone.now())
+    client.force_login(alice)
+    for name, marker in [("cards", "demand:"), ("runs", "run-1"), ("fleet", "No instances"), ("chat", "No messages yet")]:
+        resp = client.get(f"/?partial={name}", headers=HX)
+        body = resp.content.decode()
+        assert resp.status_code == 200, name
+        assert marker in body, name
+        assert "<html" not in body, name
+    # without htmx the same URL is the whole page (links work without JS)
+    assert "<html" in client.get("/?partial=cards").content.decode()
+
+
+def test_it_disables_actions_for_viewers(client, bob, alice):
+    client.force_login(bob)
+    html = client.get("/").content.decode()
+    assert html.count('disabled title="viewers cannot act"') >= 5
+    client.force_login(alice)
+    assert "viewers cannot act" not in client.get("/").content.decode()
+
+
+def test_it_keeps_the_query_count_constant_in_fleet_size(client, alice):
+    client.force_login(alice)
+    make_instances(3)
+    client.get("/")  # warm the anchor row
+    with CaptureQueriesContext(connection) as few:
+        assert client.get("/").status_code == 200
+    make_instances(60, start=3)
+    Instance.objects.filter(external_id__in=["w1", "w2"]).update(killed_at=timezone.now(), killed_by="agent")
+    with CaptureQueriesContext(connection) as many:
+        html = client.get("/").content.decode()
+    assert "2 killed hidden" in html
+    assert len(many) == len(few), [q["sql"] for q in many.captured_queries]
+
+@pytest.mark.django_db(transaction=True, databases=["default", "harmony"])
+@pytest.mark.django_db(transaction=True, databases=["default", "harmony"])
+def test_it_serves_pages_when_redis_and_harmony_are_down(client, alice, settings):
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
+                                           "CONFIG": {"hosts": ["redis://127.0.0.1:1/0"]}}}
+    harmony = __import__("django.db", fromlist=["connections"]).connections["harmony"]
+    real_name = harmony.settings_dict["NAME"]
+    harmony.close()
+    harmony.settings_dict["NAME"] = "warden_no_such_database"
+    try:
+        client.force_login(alice)
+        for url in ["/", "/fleet/", "/runs/", "/?partial=cards"]:
+            assert client.get(url).status_code == 200, url
+    finally:
+        harmony.close()
+        harmony.settings_dict["NAME"] = real_name
+
+
+def test_it_serves_the_static_files_from_the_asgi_app(db):
+    """A bare ``daphne console.asgi:application`` must serve htmx, its ws extension and console.js."""
+    from asgiref.sync import async_to_sync
+    from channels.testing import HttpCommunicator
+
+    from console.asgi import application
+
+    async def status_of(path: str) -> int:
+        comm = HttpCommunicator(application, "GET", path)
+        await comm.send_input({"type": "http.request", "body": b""})
+        start = await comm.receive_output(timeout=5)
+        await comm.wait(timeout=5)
+        return start["status"]
+
+    for path in ["/static/console.js", "/static/console.css", "/static/django_htmx/ext/hx-ws-2.min.js"]:
+        assert async_to_sync(status_of)(path) == 200, path
