@@ -16,7 +16,13 @@ env = environ.Env()
 
 
 def _fail(setting: str, value: str, what: str) -> None:
-    raise SystemExit(f"warden: bad {setting}={value!r}: {what}")
+    """Stop with one line naming ``setting`` (a password inside a URL value is masked)."""
+    try:
+        pw = urlsplit(value).password
+    except ValueError:
+        pw = None
+    shown = value.replace(f":{pw}@", ":***@", 1) if pw else value
+    raise SystemExit(f"warden: bad {setting}={shown!r}: {what}")
 
 
 def envint(name: str, default: int) -> int:

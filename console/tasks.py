@@ -26,4 +26,3 @@ def beat_tick() -> int:
     now = int(time.time())
     redis_client().set(BEAT_TICK_KEY, now)
     return now
-

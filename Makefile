@@ -1,0 +1,45 @@
+# Warden's two commands: `make run` (the console, worker and beat on this machine) and `make test`.
+# Needs only python3. Both create .venv on first use.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(CURDIR)/$(VENV)/bin
+
+# `make test` talks to real PostgreSQL and Redis; these defaults are the local servers.
+TEST_DATABASE_URL := $(or $(DATABASE_URL),postgres://postgres@127.0.0.1:5432/warden)
+TEST_HARMONY_DATABASE_URL := $(or $(HARMONY_DATABASE_URL),postgres://postgres@127.0.0.1:5432/warden_harmony)
+TEST_REDIS_URL := $(or $(REDIS_URL),redis://127.0.0.1:6379/0)
+
+.PHONY: run test venv venv-dev bootstrap stop lint
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(VENV)/.installed: requirements.txt | $(BIN)/python
+	$(BIN)/pip install -q -r requirements.txt
+	touch $@
+
+$(VENV)/.installed-dev: requirements.txt requirements-dev.txt | $(BIN)/python
+	$(BIN)/pip install -q -r requirements-dev.txt
+	touch $@ $(VENV)/.installed
+
+venv: $(VENV)/.installed
+
+venv-dev: $(VENV)/.installed-dev
+
+bootstrap: venv
+	$(BIN)/python manage.py bootstrap
+
+run: bootstrap
+	PATH="$(BIN):$$PATH" $(BIN)/honcho start
+
+test: venv-dev
+	DATABASE_URL="$(TEST_DATABASE_URL)" HARMONY_DATABASE_URL="$(TEST_HARMONY_DATABASE_URL)" REDIS_URL="$(TEST_REDIS_URL)" \
+		$(BIN)/pytest $(PYTEST_ARGS)
+
+stop: venv
+	$(BIN)/python manage.py bootstrap --stop-workers --stop-redis
+
+lint: venv-dev
+	$(BIN)/ruff check .

@@ -1,0 +1,107 @@
+"""Bad input: a malformed setting stops every entry point with ONE line naming the setting;
+Redis down does not stop page serving (daphne answers, /healthz says 503 and names redis)."""
+
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from tests.subprocs import BIN, ROOT, free_port, manage
+
+
+@pytest.mark.parametrize(
+    "setting,value",
+    [
+        ("DATABASE_URL", "mysql//nope"),
+        ("DATABASE_URL", "postgres://postgres@127.0.0.1:5432"),  # names no database
+        ("HARMONY_DATABASE_URL", "not a url"),
+        ("REDIS_URL", "http://127.0.0.1:6379/0"),
+        ("REDIS_URL", "redis://"),
+        ("WARDEN_DWELL_MIN", "fifteen"),
+        ("WARDEN_OBSERVE_INTERVAL_S", "5m"),
+        ("WARDEN_EMBEDDED_REDIS_PORT", "six"),
+    ],
+)
+def test_malformed_setting_is_one_line_naming_it(setting, value, tmp_path):
+    result = manage("check", env={setting: value, "WARDEN_VAR_DIR": str(tmp_path)})
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert setting in lines[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_database_password_is_not_printed(tmp_path):
+    result = manage(
+        "check", env={"DATABASE_URL": "postgres://warden:s3cr3t-pw@127.0.0.1:5432", "WARDEN_VAR_DIR": str(tmp_path)}
+    )
+    assert result.returncode != 0
+    assert "DATABASE_URL" in result.stderr
+    assert "s3cr3t-pw" not in result.stderr
+
+
+def test_bootstrap_with_unreachable_database_is_one_line(tmp_path):
+    url = f"postgres://postgres@127.0.0.1:{free_port()}/warden"
+    result = manage(
+        "bootstrap",
+        env={
+            "DATABASE_URL": url,
+            "WARDEN_VAR_DIR": str(tmp_path),
+            "REDIS_URL": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"),
+        },
+    )
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "DATABASE_URL" in lines[0] and "unset DATABASE_URL" in lines[0]
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_redis_down_pages_still_served_healthz_names_redis(tmp_path):
+    """Daphne starts with REDIS_URL pointing at nothing: the login page is served, /healthz is 503 naming redis."""
+    port = free_port()
+    env = {
+        **os.environ,
+        "WARDEN_VAR_DIR": str(tmp_path),
+        "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
+    }
+    # The SQLite default, migrated, so the page needs nothing but the database.
+    env.pop("DATABASE_URL", None)
+    env.pop("HARMONY_DATABASE_URL", None)
+    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True, timeout=120)
+    proc = subprocess.Popen(
+        [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), "console.asgi:application"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        status = None
+        while time.monotonic() < deadline:
+            try:
+                status, body = _get(f"http://127.0.0.1:{port}/healthz")
+                break
+            except (urllib.error.URLError, ConnectionError):
+                assert proc.poll() is None, proc.stderr.read().decode()
+                time.sleep(0.2)
+        assert status == 503, body
+        assert "redis" in body.lower()
+        login_status, _ = _get(f"http://127.0.0.1:{port}/admin/login/")
+        assert login_status == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
