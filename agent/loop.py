@@ -244,9 +244,8 @@ def _drive(tc: TurnContext, planner) -> None:
         if turn is None:
             run.status = "done"
             break
-        run.tokens_in += turn.tokens_in
+        run.tokens_in += turn.tokens_in  # saved with the run when it closes
         run.tokens_out += turn.tokens_out
-        run.save(update_fields=["tokens_in", "tokens_out"])
         tc.breakers.turns += 1
         if not turn.calls:
             tc.new_step(kind="text", turn=tc.turn_index, text=redact(turn.text)[:8000], outcome="text", tokens=turn.tokens_out)
@@ -300,7 +299,6 @@ def _close(run: Run) -> None:
 
 def _fail(run: Run, exc: Exception) -> None:
     log.exception("run %s failed", run.number)
-    run.refresh_from_db()
     run.status = "failed"
     run.halt_detail = redact(f"{type(exc).__name__}: {exc}")[:2000]
     run.ended_at = clock.now()

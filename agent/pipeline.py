@@ -180,8 +180,8 @@ def score_turn(tc, turn) -> tuple[list[Decision], Halt | None]:
             continue
         passed.append((p.tool, args))
         if spec.side_effect and policy_for(p.tool, args, tc.world.policy) == "approval":
-            dec.action = "park"
-        step.save()
+            dec.action = "park"  # park() saves the step
+        # a call that runs is saved once, with its outcome, by execute()
     return decisions, halt
 
 
@@ -199,15 +199,18 @@ def process_turn(tc, turn) -> TurnResult:
         if d.action == "park":
             park(tc, d)
             result.parked = True
+    checked = False
     for i, d in enumerate(decisions):
         if d.action != "run":
             continue
-        if tc.cancel_requested():
+        # cancellation is read before the turn's first call and before every side effect
+        if (not checked or TOOLS[d.step.tool].side_effect) and tc.cancel_requested():
             for rest in decisions[i:]:
                 if rest.action == "run":
                     _finish(rest.step, "refused", "aborted_before_dispatch", "the run was cancelled before this call started", ok=False)
             result.cancelled = True
             return result
+        checked = True
         execute(tc, d.step, TOOLS[d.step.tool], d.args, d.key)
         if d.step.outcome == "error":
             halt = tc.after_error(d.step)

@@ -57,7 +57,7 @@ def entailment_flags(run: Run) -> list[str]:
     corpus = " ".join(run.steps.exclude(observation="").values_list("observation", flat=True))
     corpus += " " + " ".join(run.steps.filter(kind="message").values_list("text", flat=True))
     flags = []
-    for token in set(_ID.findall(answer)) | set(_NUM.findall(answer)):
+    for token in set(_ID.findall(answer)) | set(_NUM.findall(_ID.sub(" ", answer))):
         if token not in corpus:
             flags.append(token)
     return sorted(flags)

@@ -30,11 +30,11 @@ _PATTERNS = [
     re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"),
 ]
 # password inside a URL: scheme://user:PASSWORD@host
-_URL_PASSWORD = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s]+:)([^@\s]+)(@)")
+_URL_PASSWORD = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s]*:)([^@\s]+)(@)")
 # key=value / "key": "value" where the key names a secret
 _KEYED = re.compile(
     r"""(?ix)
-    ((?:api[_-]?key|apikey|secret|password|passwd|pwd|access[_-]?token|auth[_-]?token|private[_-]?key|client[_-]?secret)
+    ((?:[\w-]*?(?:api[_-]?key|apikey|secret|password|passwd|pwd|access[_-]?token|auth[_-]?token|private[_-]?key|client[_-]?secret)[\w-]*)
      ["']?\s*[:=]\s*["']?)
     ([^\s"'&,;}]{4,})
     """
@@ -96,6 +96,10 @@ class RedactingFilter(logging.Filter):
     """Logging filter that redacts secrets from every record's formatted message."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and not record.exc_text:
+            record.exc_text = redact(logging.Formatter().formatException(record.exc_info))
+        if record.stack_info:
+            record.stack_info = redact(record.stack_info)
         try:
             msg = record.getMessage()
         except Exception:
