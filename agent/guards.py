@@ -82,12 +82,13 @@ def _launch_price(args: dict) -> float:
 
 
 def check(tool: str, args: dict, key: str, world, *, batch_prior: list[tuple[str, dict]] = (), actor: str = "agent",
-          override: set[str] = frozenset()) -> Refusal | None:
+          override: set[str] = frozenset(), batch_launched: set[str] = frozenset()) -> Refusal | None:
     """The first refusal for ``tool(args)``, or ``None`` when every guard passes.
 
     ``key`` is the runtime's idempotency key; ``batch_prior`` the (tool, args) of calls earlier
     in the same batch that passed; ``override`` the guard codes an operator overrode with a
-    typed reason (only ``demand_guard`` and ``hold_off`` may be overridden).
+    typed reason (only ``demand_guard`` and ``hold_off`` may be overridden); ``batch_launched``
+    the instances launched by earlier calls of the same batch (they are not "pending" for it).
     Raises nothing for bad ids: an unknown instance is left to the tool (it errors ``not_found``).
     """
     from agent.tools import TOOLS
@@ -101,6 +102,8 @@ def check(tool: str, args: dict, key: str, world, *, batch_prior: list[tuple[str
         if SideEffect.objects.filter(key=key).exists():
             return Refusal("duplicate", "this call already ran (same idempotency key)")
         canon = canonical_json(args)
+        if spec.instance_arg and any(t == tool and canonical_json(a) == canon for t, a in batch_prior):
+            return Refusal("duplicate", "the same action is already in this batch")
         for a in Approval.objects.filter(status="waiting", tool=tool):
             if canonical_json(a.args) == canon and a.idempotency_key != key:
                 return Refusal("duplicate", f"the same action already waits for approval (approval {a.pk})")
@@ -150,7 +153,10 @@ def check(tool: str, args: dict, key: str, world, *, batch_prior: list[tuple[str
 
     if tool == "launch_instance":
         # launch_pending (calls of the same batch do not count)
-        pending = [i for i in world.instances if i.status in PENDING_STATUSES and i.killed_at is None]
+        pending = [
+            i for i in world.instances
+            if i.status in PENDING_STATUSES and i.killed_at is None and i.external_id not in batch_launched
+        ]
         if pending:
             return Refusal("launch_pending", f"launch of {pending[0].external_id} still pending ({pending[0].status or 'provisioning'})")
         if SideEffect.objects.filter(tool="launch_instance", status="claimed").exists():

@@ -122,7 +122,8 @@ def run_cycle(trigger: str, *, message: str | None = None, actor: str = "system"
         log.info("observe cycle (%s) skipped: another run holds the lock", trigger)
         return None
     try:
-        expire_approvals()
+        for parked in expire_approvals():
+            _settle_expired(parked)
         run = _claim_run(trigger, planner)
         state = SessionState.get()
         limits, policy = effective_limits(state), effective_policy(state)
@@ -305,6 +306,18 @@ def _fail(run: Run, exc: Exception) -> None:
     run.final_report = final_report(run)
     run.save()
     emit("runs-changed")
+
+
+def _settle_expired(run: Run) -> None:
+    """Record ``expired`` on a parked run's expired calls; with nothing left waiting it ends ``done``.
+
+    It is not planned further: the current cycle re-observes and decides afresh.
+    """
+    for a in run.approvals.filter(status="expired", step__outcome="parked").select_related("step"):
+        _decided(a.step, "expired", "expired", "the approval expired unanswered; nothing executed")
+    if not run.approvals.filter(status="waiting").exists():
+        run.status = "done"
+        _close(run)
 
 
 def expire_approvals() -> list[Run]:

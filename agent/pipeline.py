@@ -314,6 +314,20 @@ def _done(claim: SideEffect | None, status: str, result: str) -> None:
         claim.save(update_fields=["status", "result", "finished_at"])
 
 
+def _launched_by_siblings(step: Step) -> set[str]:
+    """Instance ids launched by calls of ``step``'s batch that already ran (same run and turn)."""
+    if not step.batch:
+        return set()
+    ids = set()
+    for obs in Step.objects.filter(run_id=step.run_id, turn=step.turn, tool="launch_instance",
+                                   outcome__in=["executed", "approved_executed"]).values_list("observation", flat=True):
+        try:
+            ids.add(json.loads(obs.split("\n", 1)[1])["instance_id"])
+        except (IndexError, ValueError, KeyError, TypeError):
+            continue
+    return ids
+
+
 def dispatch_approved(tc, approval: Approval) -> Step:
     """Run an approved call: guards again at dispatch, then execute once (``approved_executed``).
 
@@ -323,7 +337,8 @@ def dispatch_approved(tc, approval: Approval) -> Step:
     step = approval.step
     args = dict(approval.args)
     spec = TOOLS[approval.tool]
-    refusal = guard_check(approval.tool, args, approval.idempotency_key, tc.world, actor=tc.actor)
+    refusal = guard_check(approval.tool, args, approval.idempotency_key, tc.world, actor=tc.actor,
+                          batch_launched=_launched_by_siblings(step))
     if refusal is not None:
         _finish(step, "refused", refusal.code, f"approved, but refused at dispatch: {refusal.detail}", ok=False)
         Approval.objects.filter(pk=approval.pk).update(status="void", outcome_detail=f"{refusal.code}: {refusal.detail}")

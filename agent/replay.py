@@ -413,7 +413,7 @@ def setup_world(sc: Scenario, provider) -> None:
         created = now - timedelta(minutes=f.age_min)
         status_age = f.status_age_min if f.status_age_min is not None else f.age_min
         by_id[f.id] = Instance.objects.create(
-            provider=provider.name,
+            provider=f.provider or provider.name,
             external_id=f.id,
             label=f.id,
             gpu_name=f.gpu_name,

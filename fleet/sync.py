@@ -61,7 +61,8 @@ def sync_instances(provider=None) -> list[Instance]:
     now = clock.now()
     changed = False
     with transaction.atomic():
-        rows = list(Instance.objects.select_for_update().filter(provider=provider.name, killed_at__isnull=True))
+        names = getattr(provider, "names", {provider.name})
+        rows = list(Instance.objects.select_for_update().filter(provider__in=names, killed_at__isnull=True))
         for row in rows:
             p = by_id.pop(row.external_id, None)
             if p is None:
@@ -85,13 +86,13 @@ def sync_instances(provider=None) -> list[Instance]:
             changed = True
         if by_id:
             known = set(
-                Instance.objects.filter(provider=provider.name, external_id__in=list(by_id)).values_list(
+                Instance.objects.filter(provider__in=names, external_id__in=list(by_id)).values_list(
                     "external_id", flat=True
                 )
             )
             new = [
                 Instance(
-                    provider=provider.name,
+                    provider=p.extra.get("provider", provider.name),
                     external_id=p.external_id,
                     label=p.label or "",
                     status_since=now,
@@ -106,4 +107,4 @@ def sync_instances(provider=None) -> list[Instance]:
                 changed = True
         if changed:
             emit("fleet-changed")
-    return list(Instance.objects.filter(provider=provider.name, killed_at__isnull=True).order_by("-created_at"))
+    return list(Instance.objects.filter(provider__in=names, killed_at__isnull=True).order_by("-created_at"))

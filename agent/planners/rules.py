@@ -92,7 +92,7 @@ class RulesPlanner(Planner):
         seen, unique = set(), []
         for p in calls:
             k = (p.tool, str(sorted((p.args or {}).items())))
-            if k not in seen:
+            if p.tool == "launch_instance" or k not in seen:  # several identical launches are wanted
                 seen.add(k)
                 unique.append(p)
         return Turn(calls=unique, batch=len(unique) > 1)

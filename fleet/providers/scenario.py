@@ -125,6 +125,7 @@ class ScenarioProvider(Provider):
                 "gpu_name": entry.get("gpu_name") or "",
                 "dph": float(entry.get("dph") or 0.0),
                 "started_at": None,
+                "provider": entry.get("provider") or name,
             }
         self.offers: list[dict] = [copy.deepcopy(o) for o in offers or []]
         self.calls: list[tuple[str, dict]] = []
@@ -160,7 +161,13 @@ class ScenarioProvider(Provider):
             ssh_port=22,
             worker_name=external_id,
             started_at=inst["started_at"],
+            extra={"provider": inst.get("provider", self.name)},
         )
+
+    @property
+    def names(self) -> set[str]:
+        """Every provider name this stand-in answers for (a file may mix vastai and ssh entries)."""
+        return {self.name} | {i.get("provider", self.name) for i in self.instances.values()}
 
     # --- the provider interface -------------------------------------------------------------
     def command_runner(self, instance):
