@@ -6,7 +6,8 @@ Policy (autoscalers.md §1.7; seed 002):
    ones — ``P0`` when no worker is live (an emergency), ``P1`` otherwise.
 2. Replace, don't scale down, terminal instances (exited/error/unknown/offline, stuck
    provisioning, or diagnosed failed/host): destroy them; the replacement follows from rule 1.
-3. Expected workers that are dead are diagnosed first (repair before replace).
+3. Expected workers that are dead are diagnosed first, then repaired (rebooted) — or replaced
+   when the diagnosis blames the host — and, with nothing live and work queued, escalated.
 4. Retire idle workers only when demand is ``ok``, nothing is queued or running, no expected
    worker is dead, the queue has been empty for the dwell and no launch happened within the
    hold-off; diagnose each first, then destroy those diagnosed healthy (they own no tasks).
@@ -97,6 +98,35 @@ class RulesPlanner(Planner):
                 unique.append(p)
         return Turn(calls=unique, batch=len(unique) > 1)
 
+    def repair_turn(self, world, proposed: set[str]) -> Turn:
+        """Repair before replace (Ray restarts on heartbeat loss; curio.md "restart curio"):
+        a running instance whose worker is dead and whose fresh diagnosis is not healthy is
+        rebooted, or destroyed as a replacement when the fault is the host's. With no worker
+        live and work queued, an operator is told (``escalate_human``)."""
+        calls = []
+        for inst in world.instances:
+            w = world.worker_for(inst)
+            diag = world.fresh_diagnosis(inst)
+            if inst.status != "running" or w is None or w.live or w.unschedulable or diag is None:
+                continue
+            if diag.health == "healthy" or inst.external_id in proposed:
+                continue
+            if diag.health == "failed" and diag.fault_class == "host":
+                if not inst.is_owned_host:
+                    calls.append(Proposal("destroy_instance", {"instance_id": inst.external_id, "reason": f"replace: {diag.cause}"}))
+            else:
+                calls.append(Proposal("reboot_instance", {
+                    "instance_id": inst.external_id,
+                    "reason": f"worker heartbeat dead; {diag.health} ({diag.fault_class or 'no class'}): {diag.cause}",
+                }))
+        d = world.demand
+        if calls and d.state == "ok" and d.queued and not d.workers_live:
+            calls.append(Proposal("escalate_human", {
+                "severity": "P1",
+                "message": f"every expected worker is dead with {d.queued} tasks queued; repairing {len(calls)} instance(s)",
+            }))
+        return Turn(calls=calls, batch=len(calls) > 1)
+
     def retire_turn(self, world) -> Turn:
         calls = []
         for inst in self._retire_candidates(world):
@@ -113,8 +143,14 @@ class RulesPlanner(Planner):
             turn = self.first_turn(ctx.world)
             if turn.calls:
                 return turn
+        steps = ctx.call_steps()
+        if not any(s.tool in ("reboot_instance", "escalate_human") for s in steps):
+            proposed = {(s.args or {}).get("instance_id") for s in steps if s.tool == "destroy_instance"}
+            turn = self.repair_turn(ctx.world, proposed)
+            if turn.calls:
+                return turn
         retire_proposed = any(
-            s.tool == "destroy_instance" and s.call_reason.startswith("idle") for s in ctx.call_steps()
+            s.tool == "destroy_instance" and s.call_reason.startswith("idle") for s in steps
         )
         if not retire_proposed:
             turn = self.retire_turn(ctx.world)
