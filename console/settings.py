@@ -234,8 +234,6 @@ WARDEN = {
     "STARTUP_GRACE_S": envint("WARDEN_STARTUP_GRACE_S", 60),
     # a worker is live when its heartbeat is younger than this many heartbeat intervals
     "HEARTBEAT_S": envint("WARDEN_HEARTBEAT_S", 5),
-    # demand sample older than this is `stale`, seconds
-    "DEMAND_STALE_S": envint("WARDEN_DEMAND_STALE_S", 600),
     # caps
     "MAX_INSTANCES": envint("WARDEN_MAX_INSTANCES", 4),
     "MAX_DPH": envfloat("WARDEN_MAX_DPH", 10.0),
