@@ -13,17 +13,20 @@ def observe_cycle(trigger: str = "heartbeat", message: str | None = None, actor:
     return run.number if run else None
 
 
-@shared_task(name="agent.tasks.resume", acks_late=True)
-def resume(run_id: int):
-    """Resume a parked run after its approvals were decided."""
+@shared_task(name="agent.tasks.resume", bind=True, acks_late=True)
+def resume(self, run_id: int):
+    """Resume a parked run after its approvals were decided; retried while the run lock is busy."""
     from agent.loop import resume_run
     from agent.models import Run
 
     run = Run.objects.filter(pk=run_id).first()
-    if run is not None:
-        resume_run(run)
-        return run.number
-    return None
+    if run is None:
+        return None
+    run = resume_run(run)
+    if run.status == "parked" and not run.approvals.filter(status="waiting").exists():
+        # another run held the lock: try again shortly; an approved call is never dropped
+        raise self.retry(countdown=2, max_retries=None)
+    return run.number
 
 
 def start_cycle(trigger: str, message: str | None = None, actor: str = "system") -> None:
@@ -39,6 +42,11 @@ def start_resume(run_id: int) -> None:
 @shared_task(name="agent.tasks.monitor_tick", acks_late=True)
 def monitor_tick():
     """The monitor's lifecycle rules (beat, every 60 s); returns a run number when it acted."""
+    from agent.models import Run
     from agent.monitor_runner import monitor_tick as tick
 
-    return tick()
+    number = tick()
+    # backstop for a lost resume task: a parked run whose approvals are all decided resumes
+    for run_id in Run.objects.filter(status="parked").exclude(approvals__status="waiting").values_list("pk", flat=True):
+        resume.delay(run_id)
+    return number

@@ -188,7 +188,12 @@ CELERY_BROKER_URL = REDIS_URL
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-CELERY_BROKER_TRANSPORT_OPTIONS = {"socket_connect_timeout": 3, "socket_timeout": 5}
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "socket_connect_timeout": 3,
+    "socket_timeout": 5,
+    # a killed worker's unacked task is delivered again after this many seconds (kombu default: 1 h)
+    "visibility_timeout": envint("WARDEN_CELERY_VISIBILITY_TIMEOUT_S", 900),
+}
 CELERY_TASK_DEFAULT_QUEUE = os.environ.get("WARDEN_CELERY_QUEUE", "warden")
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False

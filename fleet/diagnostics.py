@@ -39,46 +39,83 @@ class Unreachable(Exception):
 
 
 class SSHRunner:
-    """Runs commands over SSH with paramiko. ``key_ref``: a secret reference to a private key file.
+    """Runs commands over SSH with paramiko (``key_filename``: a private key file, read at use).
 
-    Used as a context manager so the client is closed when the step ends, also on error.
+    Used as a context manager so the client (and its transport thread) is closed when the step
+    ends, also on error. Connecting is tried ``connect_attempts`` times with ``retry_backoff_s``
+    (times the attempt number, on ``clock``) between tries; an authentication failure is not
+    retried. Raises :class:`Unreachable` when it cannot connect.
     """
 
-    def __init__(self, host: str, port: int = 22, user: str = "root", key_filename: str | None = None, timeout_s: float = 10):
+    def __init__(self, host: str, port: int = 22, user: str = "root", key_filename: str | None = None, timeout_s: float = 10,
+                 connect_attempts: int = 2, retry_backoff_s: float = 1.0):
         self.host, self.port, self.user, self.key_filename, self.timeout_s = host, port, user, key_filename, timeout_s
+        self.connect_attempts, self.retry_backoff_s = connect_attempts, retry_backoff_s
         self.client = None
+        self.broken = False  # the session dropped during the step
 
     def __enter__(self):
         import paramiko
 
-        client = paramiko.SSHClient()
-        client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
-        try:
-            client.connect(
-                self.host,
-                port=self.port,
-                username=self.user,
-                key_filename=self.key_filename,
-                timeout=self.timeout_s,
-                banner_timeout=self.timeout_s,
-                auth_timeout=self.timeout_s,
-                allow_agent=False,
-                look_for_keys=self.key_filename is None,
-            )
-        except (TimeoutError, OSError, paramiko.SSHException) as exc:
-            client.close()
-            raise Unreachable(f"ssh {self.host}:{self.port}: {exc}") from None
-        self.client = client
-        return self
+        pkey = None
+        if self.key_filename:
+            try:
+                pkey = paramiko.PKey.from_path(self.key_filename)
+            except (OSError, ValueError, paramiko.SSHException) as exc:
+                raise Unreachable(f"ssh key {self.key_filename}: cannot load it: {exc}") from None
+        attempts = max(1, self.connect_attempts)
+        for attempt in range(1, attempts + 1):
+            client = paramiko.SSHClient()
+            client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+            try:
+                client.connect(
+                    self.host,
+                    port=self.port,
+                    username=self.user,
+                    pkey=pkey,
+                    timeout=self.timeout_s,
+                    banner_timeout=self.timeout_s,
+                    auth_timeout=self.timeout_s,
+                    allow_agent=False,
+                    look_for_keys=self.key_filename is None,
+                )
+            except paramiko.AuthenticationException as exc:
+                client.close()  # permanent: no retry
+                raise Unreachable(f"ssh {self.user}@{self.host}:{self.port}: authentication failed: {exc}") from None
+            except (TimeoutError, OSError, EOFError, paramiko.SSHException) as exc:
+                client.close()
+                if attempt < attempts:
+                    clock.sleep(self.retry_backoff_s * attempt)  # gpu-faults.md §4.4: retry before a verdict
+                    continue
+                raise Unreachable(f"ssh {self.host}:{self.port}: {exc or type(exc).__name__} (after {attempts} attempts)") from None
+            self.client = client
+            return self
+        raise Unreachable(f"ssh {self.host}:{self.port}: not attempted")  # pragma: no cover — attempts >= 1
 
     def run(self, command: str, timeout_s: float = 10) -> tuple[int, str]:
-        """Run ``command``; returns (exit code, stdout+stderr truncated)."""
+        """Run ``command``; returns (exit code, stdout+stderr truncated).
+
+        A command past ``timeout_s`` answers 124; a broken session (the connection dropped)
+        answers 255 with the error text. Never raises for a command's failure.
+        """
+        import paramiko
+
+        if self.client is None or self.client.get_transport() is None or not self.client.get_transport().is_active():
+            self.broken = True
+            return 255, "ssh session not active (the connection dropped)"
         try:
             _, stdout, stderr = self.client.exec_command(command, timeout=timeout_s)
             out = stdout.read().decode(errors="replace") + stderr.read().decode(errors="replace")
-            return stdout.channel.recv_exit_status(), out[:MAX_EVIDENCE_CHARS]
-        except (TimeoutError, OSError) as exc:
-            return 124, f"timed out or failed: {exc}"
+            rc = stdout.channel.recv_exit_status()
+            if rc == -1:  # paramiko: the channel closed without an exit status (connection dropped)
+                self.broken = True
+                return 255, (out + "\nssh session dropped before the command's exit status arrived")[-MAX_EVIDENCE_CHARS:]
+            return rc, out[:MAX_EVIDENCE_CHARS]
+        except TimeoutError as exc:
+            return 124, f"timed out after {timeout_s:g}s: {exc}"
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            self.broken = True
+            return 255, f"ssh session failed: {exc or type(exc).__name__}"
 
     def __exit__(self, *exc):
         if self.client is not None:
@@ -89,18 +126,28 @@ class SSHRunner:
 def collect(runner, timeout_s: float = 10) -> dict:
     """Run :data:`COMMANDS` through ``runner`` (a context manager with ``run``); evidence dict.
 
-    Raises :class:`Unreachable` when the runner cannot connect.
+    Each entry is ``{"rc": int, "out": str}``, plus ``"ssh_error": True`` when the session
+    itself broke (the answer says nothing about the machine). Raises :class:`Unreachable` when
+    the runner cannot connect. The runner is closed when this returns or raises.
     """
     evidence = {}
     with runner as r:
         for cmd in COMMANDS:
             rc, out = r.run(cmd, timeout_s=timeout_s)
             evidence[cmd] = {"rc": rc, "out": out[:MAX_EVIDENCE_CHARS]}
+            if getattr(r, "broken", False):
+                evidence[cmd]["ssh_error"] = True
     return evidence
 
 
 def judge(evidence: dict, *, status: str, worker=None, reachable: bool = True) -> tuple[str, str, str]:
-    """Rules judge: (health, fault_class, cause) from evidence, provider status and worker view."""
+    """Rules judge: (health, fault_class, cause) from evidence, provider status and worker view.
+
+    ``evidence`` maps each command to ``{"rc", "out"}``; ``status`` is the provider's status;
+    ``worker`` a ``fleet.demand.WorkerView`` or None; ``reachable`` False when SSH failed.
+    A command answering rc 127 (not found) is missing evidence: it is named in the cause and
+    never turns the verdict into a failure.
+    """
     if status in ("unknown", "offline"):
         return "failed", "host", f"provider reports {status}: host lost contact"
     if status in ("exited", "error"):
@@ -110,6 +157,8 @@ def judge(evidence: dict, *, status: str, worker=None, reachable: bool = True) -
             return "healthy", "", "SSH unreachable, but the worker's heartbeat is live"
         return "degraded", "network", "SSH unreachable and no live heartbeat"
     nv = evidence.get("nvidia-smi -L")
+    if nv and nv.get("ssh_error"):
+        return "degraded", "network", "the SSH session dropped during the diagnosis; no GPU verdict"
     if nv and nv.get("rc") != 127:
         text = nv.get("out", "")
         for pat, health, cls, cause in _NVIDIA_RULES:
@@ -120,7 +169,11 @@ def judge(evidence: dict, *, status: str, worker=None, reachable: bool = True) -
     if worker is not None and not worker.live and status == "running":
         return "degraded", "app", "instance up, but the Curio worker's heartbeat is stale"
     gpus = len(re.findall(r"^GPU \d+:", (nv or {}).get("out", ""), re.M))
-    return "healthy", "", f"{gpus} GPU(s) listed" if gpus else "no fault seen"
+    cause = f"{gpus} GPU(s) listed" if gpus else "no fault seen"
+    missing = [cmd for cmd, e in evidence.items() if isinstance(e, dict) and e.get("rc") == 127]
+    if missing:
+        cause += f"; missing evidence (rc 127, command not found): {', '.join(missing)}"
+    return "healthy", "", cause
 
 
 def diagnose(instance: Instance, *, worker=None, timeout_s: float = 30) -> Diagnosis:

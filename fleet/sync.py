@@ -68,7 +68,10 @@ def sync_instances(provider=None) -> list[Instance]:
             if p is None:
                 if row.created_at > now - VANISH_GRACE:
                     continue
-                row.killed_at, row.killed_by, row.kill_reason = now, "provider", "vanished"
+                if row.destroy_requested_at is not None:
+                    row.killed_at, row.killed_by, row.kill_reason = now, "monitor", "destroy confirmed by re-list"
+                else:
+                    row.killed_at, row.killed_by, row.kill_reason = now, "provider", "vanished"
                 row.save(update_fields=["killed_at", "killed_by", "kill_reason"])
                 changed = True
                 continue

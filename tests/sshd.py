@@ -1,0 +1,214 @@
+"""A real OpenSSH server on a loopback port for the diagnostics tests (Debian's ``/usr/sbin/sshd``).
+
+:class:`SSHServer` writes everything into one temporary directory — a host key, a client key
+pair, ``authorized_keys``, ``sshd_config``, the pid file and a ``bin/`` directory that comes
+first on the PATH of every SSH session (``SetEnv PATH=...``) — and runs
+``sshd -D -e -f <config>`` as a child process on a free ``127.0.0.1`` port. The login user is
+the current user (root here, ``PermitRootLogin prohibit-password``). Nothing outside the
+temporary directory is touched except ``/run/sshd``, the privilege-separation directory sshd
+refuses to start without (created empty when missing). The real ``~/.ssh`` is never read.
+
+Tests play the GPU outputs of ``reference/gpu-faults.md`` §4.1 with :meth:`SSHServer.fake`
+(a fake ``nvidia-smi`` printing a fixed text and exiting with a fixed code) and
+:meth:`SSHServer.remove` (the command is missing: the shell answers rc 127).
+
+Use the :func:`sshd` fixture (import it into a test module), or the class as a context manager.
+"""
+
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import time
+from pathlib import Path
+
+import paramiko
+import pytest
+
+SSHD = Path("/usr/sbin/sshd")
+PRIVSEP_DIR = Path("/run/sshd")
+
+#: healthy ``nvidia-smi -L`` output captured on an H200 (gpu-faults.md §4.3)
+HEALTHY_L = "GPU 0: NVIDIA H200 (UUID: GPU-af6c3b9f-248b-ed93-3ea3-397b89873ea4)"
+#: gpu-faults.md §4.1: NVML_ERROR_GPU_IS_LOST (15), a host-level fault
+GPU_LOST = "Unable to determine the device handle for GPU 0000:3B:00.0: GPU is lost. Reboot the system to recover this GPU"
+#: gpu-faults.md §4.1: the container lost its device cgroup access (host nvidia-smi still works)
+NVML_UNKNOWN_IN_CONTAINER = "Failed to initialize NVML: Unknown Error"
+#: gpu-faults.md §4.1: driver not loaded (NVML 9)
+DRIVER_NOT_LOADED = (
+    "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+    "Make sure that the latest NVIDIA driver is installed and running."
+)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_listening(port: int, proc: subprocess.Popen, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"sshd exited with code {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+                if s.recv(64).startswith(b"SSH-"):
+                    return
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"sshd did not answer on 127.0.0.1:{port} within {timeout} s")
+
+
+class SSHServer:
+    """One ``sshd`` on ``127.0.0.1:port`` with a temporary host key and one authorized client key.
+
+    Attributes once started: ``host``, ``port``, ``user``, ``key_file`` (the client's private key,
+    OpenSSH PEM), ``bin_dir`` (first on the sessions' PATH), ``root`` (the temporary directory),
+    ``proc`` (the sshd process). :meth:`stop` ends sshd and every session process it started.
+    """
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.host = "127.0.0.1"
+        self.port = 0
+        self.user = os.environ.get("USER") or _current_user()
+        self.bin_dir = self.root / "bin"
+        self.key_file = self.root / "client_key"
+        self.proc: subprocess.Popen | None = None
+        self.log_path = self.root / "sshd.log"
+
+    # --- set-up ----------------------------------------------------------------------------
+    def start(self) -> "SSHServer":
+        """Write keys and config, start sshd, wait until it answers. Raises RuntimeError."""
+        if not SSHD.exists():
+            raise RuntimeError("sshd not found at /usr/sbin/sshd: apt-get install openssh-server (.ci/run does)")
+        PRIVSEP_DIR.mkdir(mode=0o755, exist_ok=True)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.bin_dir.mkdir(exist_ok=True)
+        host_key = self.root / "ssh_host_ed25519_key"
+        # paramiko cannot write Ed25519 private keys; RSA for the host and the client
+        hk = paramiko.RSAKey.generate(2048)
+        hk.write_private_key_file(str(host_key))
+        client = paramiko.RSAKey.generate(2048)
+        client.write_private_key_file(str(self.key_file))
+        os.chmod(self.key_file, 0o600)
+        os.chmod(host_key, 0o600)
+        (self.root / "authorized_keys").write_text(f"{client.get_name()} {client.get_base64()} warden-test\n")
+        self.port = free_port()
+        config = self.root / "sshd_config"
+        config.write_text(
+            "\n".join([
+                f"Port {self.port}",
+                "ListenAddress 127.0.0.1",
+                f"HostKey {host_key}",
+                f"PidFile {self.root / 'sshd.pid'}",
+                f"AuthorizedKeysFile {self.root / 'authorized_keys'}",
+                "UsePAM no",
+                "StrictModes no",
+                "PermitRootLogin prohibit-password",
+                "PubkeyAuthentication yes",
+                "PasswordAuthentication no",
+                "KbdInteractiveAuthentication no",
+                "PrintMotd no",
+                "PrintLastLog no",
+                "UseDNS no",
+                "MaxStartups 100",
+                "MaxSessions 50",
+                f"SetEnv PATH={self.bin_dir}:/usr/local/bin:/usr/bin:/bin",
+                "",
+            ])
+        )
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [str(SSHD), "-D", "-e", "-f", str(config)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        try:
+            _wait_listening(self.port, self.proc)
+        except RuntimeError as exc:
+            self.stop()
+            raise RuntimeError(f"{exc}; log: {self.log()}") from None
+        return self
+
+    def stop(self) -> None:
+        """SIGTERM sshd's process group (listener and sessions), SIGKILL after 5 s."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, 15)
+        except ProcessLookupError:
+            pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, 9)
+            self.proc.wait(timeout=5)
+
+    def log(self) -> str:
+        """sshd's log (``-e``: errors and connections go to stderr, captured here)."""
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def __enter__(self) -> "SSHServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # --- what the sessions see -------------------------------------------------------------
+    def script(self, name: str, body: str) -> Path:
+        """Put an executable ``name`` (a ``/bin/sh`` script with ``body``) first on the sessions' PATH."""
+        path = self.bin_dir / name
+        path.write_text("#!/bin/sh\n" + body + "\n")
+        path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+        return path
+
+    def fake(self, name: str, out: str, rc: int = 0, *, stderr: bool = False, sleep_s: float = 0) -> Path:
+        """A fake command that prints ``out`` (to stderr when ``stderr``) and exits ``rc``."""
+        quoted = out.replace("'", "'\"'\"'")
+        redirect = " 1>&2" if stderr else ""
+        pause = f"sleep {sleep_s}\n" if sleep_s else ""
+        return self.script(name, f"{pause}printf '%s\\n' '{quoted}'{redirect}\nexit {rc}")
+
+    def remove(self, name: str) -> None:
+        """Remove a fake command; a real one must not exist either (the shell answers rc 127)."""
+        (self.bin_dir / name).unlink(missing_ok=True)
+        if shutil.which(name, path="/usr/local/bin:/usr/bin:/bin"):
+            pytest.skip(f"a real {name} is installed on this machine")
+
+    def session_count(self) -> int:
+        """How many per-connection sshd processes are alive (children of the listener)."""
+        import psutil
+
+        try:
+            return len(psutil.Process(self.proc.pid).children())
+        except psutil.Error:
+            return 0
+
+
+def _current_user() -> str:
+    import pwd
+
+    return pwd.getpwuid(os.getuid()).pw_name
+
+
+@pytest.fixture
+def sshd(tmp_path_factory):
+    """A running :class:`SSHServer` (stopped at teardown) with a healthy fake ``nvidia-smi``."""
+    server = SSHServer(tmp_path_factory.mktemp("sshd"))
+    server.start()
+    server.fake("nvidia-smi", HEALTHY_L)
+    try:
+        yield server
+    finally:
+        server.stop()
