@@ -264,3 +264,185 @@ def do_cordon(inst, on: bool, *, actor: str, reason: str = "") -> int:
     do_audit(actor, "cordon" if on else "uncordon", inst.external_id, reason, None, {"unschedulable": on, "rows": n})
     emit("fleet-changed", "demand-changed")
     return n
+
+
+# --- settings overrides and alert acknowledgement (appended for the console) -----------------
+POLICY_VALUES = ("auto", "approval", "forbidden")
+
+#: limits an operator may override: key -> (kind, low, high). ``int``/``float`` are numbers in
+#: [low, high]; ``pair`` is ``[n, seconds]`` (launch_rate); ``ints`` an ascending list of ints.
+LIMIT_RANGES = {
+    "max_instances": ("int", 0, 10_000),
+    "max_dph": ("float", 0, 100_000),
+    "dwell_min": ("float", 0, 1440),
+    "hold_off_min": ("float", 0, 1440),
+    "diagnosis_fresh_min": ("float", 1, 1440),
+    "approval_expiry_min": ("float", 1, 10_080),
+    "provisioning_limit_min": ("float", 5, 10_080),
+    "startup_grace_s": ("int", 0, 3600),
+    "max_steps": ("int", 1, 100),
+    "same_error": ("int", 1, 20),
+    "text_only_spiral": ("int", 1, 50),
+    "three_strikes": ("int", 1, 20),
+    "wall_clock_s": ("float", 10, 86_400),
+    "token_budget": ("int", 1000, 10_000_000),
+    "tool_timeout_s": ("float", 1, 3600),
+    "retry_attempts": ("int", 1, 10),
+    "observation_max_chars": ("int", 200, 200_000),
+    "repeat_reminders": ("ints", 1, 100),
+    "launch_rate": ("pair", 1, 86_400),
+}
+
+
+class OverrideError(ValueError):
+    """A settings value is not acceptable; ``field`` names it (``policy.stop_instance``,
+    ``limits.max_dph``) and the message says what is allowed. Nothing was saved."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field, self.message = field, message
+
+
+def policy_keys() -> list[str]:
+    """Every policy key an operator may set: the tools' defaults plus ``launch_instance:P0`` … ``:P3``."""
+    from agent.policy import DEFAULT_POLICY, PRIORITIES
+
+    keys = list(DEFAULT_POLICY)
+    keys += [f"launch_instance:{p}" for p in PRIORITIES if f"launch_instance:{p}" not in DEFAULT_POLICY]
+    return keys
+
+
+def _number(field: str, value, kind: str, low, high):
+    if isinstance(value, bool):
+        raise OverrideError(field, "must be a number")
+    try:
+        num = float(value)
+    except (TypeError, ValueError):
+        raise OverrideError(field, f"must be a number between {low:g} and {high:g}") from None
+    if num != num or not low <= num <= high:
+        raise OverrideError(field, f"must be between {low:g} and {high:g} (got {value})")
+    if kind == "int":
+        if num != int(num):
+            raise OverrideError(field, f"must be a whole number between {low:g} and {high:g}")
+        return int(num)
+    return num
+
+
+def _clean_limit(key: str, value):
+    field = f"limits.{key}"
+    kind, low, high = LIMIT_RANGES[key]
+    if kind in ("int", "float"):
+        return _number(field, value, kind, low, high)
+    if not isinstance(value, list | tuple):
+        raise OverrideError(field, "must be a list of numbers")
+    if kind == "pair":
+        if len(value) != 2:
+            raise OverrideError(field, "must be [launches, seconds], e.g. [6, 600]")
+        return [_number(field, value[0], "int", 1, 1000), _number(field, value[1], "int", low, high)]
+    items = [_number(field, v, "int", low, high) for v in value]
+    if len(items) > 10 or items != sorted(set(items)):
+        raise OverrideError(field, "must be at most 10 ascending whole numbers, e.g. [3, 5, 8]")
+    return items
+
+
+def validate_overrides(policy: dict | None, limits: dict | None) -> tuple[dict, dict]:
+    """Check operator overrides; returns them cleaned (numbers typed). ``None`` values mean "back
+    to the default". Raises :class:`OverrideError` naming the first bad field."""
+    policy, limits = policy or {}, limits or {}
+    if not isinstance(policy, dict):
+        raise OverrideError("policy", "must be a mapping of tool to auto/approval/forbidden")
+    if not isinstance(limits, dict):
+        raise OverrideError("limits", "must be a mapping of limit name to number")
+    known = policy_keys()
+    clean_policy = {}
+    for key, value in policy.items():
+        if key not in known:
+            raise OverrideError(f"policy.{key}", f"unknown policy key; known: {', '.join(known)}")
+        if value is not None and value not in POLICY_VALUES:
+            raise OverrideError(f"policy.{key}", f"must be one of {', '.join(POLICY_VALUES)} (got {value!r})")
+        clean_policy[key] = value
+    clean_limits = {}
+    for key, value in limits.items():
+        if key not in LIMIT_RANGES:
+            raise OverrideError(f"limits.{key}", f"unknown limit; known: {', '.join(LIMIT_RANGES)}")
+        clean_limits[key] = None if value is None else _clean_limit(key, value)
+    return clean_policy, clean_limits
+
+
+def baseline_settings(state: SessionState | None = None) -> tuple[dict, dict]:
+    """The policy table and limits with no operator override (defaults < env < objectives)."""
+    from agent.policy import effective_limits, effective_policy
+
+    state = state or SessionState.get()
+    bare = SessionState(target_proofs_hr=state.target_proofs_hr, objectives=state.objectives, overrides={})
+    return effective_policy(bare), effective_limits(bare).values
+
+
+@transaction.atomic
+def do_update_overrides(policy: dict, limits: dict, actor: str, reason: str = "") -> SessionState:
+    """Change the operator's policy and limit overrides (the settings page); audited with who and why.
+
+    ``policy`` maps policy keys (:func:`policy_keys`) to ``auto``/``approval``/``forbidden``;
+    ``limits`` maps :data:`LIMIT_RANGES` keys to numbers in their range. Keys not given keep
+    their current value; ``None``, or a value equal to the default, removes the override.
+    Everything is validated before anything is saved: bad input raises :class:`OverrideError`
+    (a ValueError naming the field) and changes nothing. Announces ``settings-changed``.
+    """
+    clean_policy, clean_limits = validate_overrides(policy, limits)
+    state = SessionState.objects.select_for_update().get(pk=SessionState.get().pk)
+    base_policy, base_limits = baseline_settings(state)
+    overrides = dict(state.overrides or {})
+    before = {"policy": dict(overrides.get("policy", {})), "limits": dict(overrides.get("limits", {}))}
+    new_policy, new_limits = dict(before["policy"]), dict(before["limits"])
+    for key, value in clean_policy.items():
+        # a per-priority launch key absent from the defaults follows ``launch_instance`` unless set
+        if value is None or (key in base_policy and value == base_policy[key]):
+            new_policy.pop(key, None)
+        else:
+            new_policy[key] = value
+    for key, value in clean_limits.items():
+        if value is None or value == base_limits.get(key):
+            new_limits.pop(key, None)
+        else:
+            new_limits[key] = value
+    after = {"policy": new_policy, "limits": new_limits}
+    if after == before:
+        return state
+    overrides.update(after)
+    state.overrides = overrides
+    state.save(update_fields=["overrides", "updated_at"])
+    changed = {
+        f"{part}.{k}": {"from": before[part].get(k), "to": after[part].get(k)}
+        for part in ("policy", "limits")
+        for k in sorted(set(before[part]) | set(after[part]))
+        if before[part].get(k) != after[part].get(k)
+    }
+    do_audit(actor, "update_overrides", "settings", reason, before, {**after, "changed": changed})
+    emit("settings-changed")
+    return state
+
+
+@transaction.atomic
+def do_ack_alert(alert, actor: str, comment: str):
+    """Acknowledge a firing alert with a comment (who is on it, and why); audited.
+
+    A conditional UPDATE ``firing → acknowledged``: a second acknowledgement, or one of a resolved
+    alert, raises ValueError saying its current state. An empty comment raises ValueError.
+    Returns the refreshed alert; announces ``alerts-changed``.
+    """
+    from fleet.models import Alert
+
+    comment = (comment or "").strip()
+    if not comment:
+        raise ValueError("say what you are doing about it (the comment is shown to other operators)")
+    n = Alert.objects.filter(pk=alert.pk, state="firing").update(
+        state="acknowledged", acknowledged_by=actor[:150], ack_comment=redact(comment)[:2000]
+    )
+    if n != 1:
+        current = Alert.objects.get(pk=alert.pk)
+        raise ValueError(f"alert {alert.pk} is already {current.state}")
+    alert.refresh_from_db()
+    do_audit(actor, "ack_alert", f"alert {alert.pk}", comment, {"state": "firing"},
+             {"state": "acknowledged", "kind": alert.kind, "key": alert.key})
+    emit("alerts-changed")
+    return alert

@@ -159,21 +159,29 @@ def resume_run(run: Run, *, planner=None) -> Run:
         limits, policy = effective_limits(state), effective_policy(state)
         world = observe(limits, policy)
         tc = _context(run, world, limits, state)
-        pending = list(run.approvals.filter(step__outcome="parked").select_related("step").order_by("step__seq"))
         from agent.pipeline import dispatch_approved
 
-        for a in pending:
-            if a.status == "approved":
-                tc.actor = "agent"
-                dispatch_approved(tc, a)
-                tc.breakers.record_decision(a.step.seq, a.step.turn)
-                tc.breakers.record_call(a.step)
-            elif a.status == "rejected":
-                _decided(a.step, "rejected", "rejected", f"rejected by {a.decided_by or 'an operator'}: {a.comment}")
-                tc.breakers.record_decision(a.step.seq, a.step.turn)
-            elif a.status == "expired":
-                _decided(a.step, "expired", "expired", "the approval expired unanswered; nothing executed")
-        if run.approvals.filter(status="waiting").exists():
+        # decisions can land while an approved call executes: take them until none is left, and
+        # stay parked while any parked step is still undecided (its own resume task follows)
+        seen: set[int] = set()
+        while True:
+            decided = [a for a in run.approvals.filter(step__outcome="parked").exclude(status="waiting")
+                       .select_related("step").order_by("step__seq") if a.pk not in seen]
+            if not decided:
+                break
+            for a in decided:
+                seen.add(a.pk)
+                if a.status == "approved":
+                    tc.actor = "agent"
+                    dispatch_approved(tc, a)
+                    tc.breakers.record_decision(a.step.seq, a.step.turn)
+                    tc.breakers.record_call(a.step)
+                elif a.status == "rejected":
+                    _decided(a.step, "rejected", "rejected", f"rejected by {a.decided_by or 'an operator'}: {a.comment}")
+                    tc.breakers.record_decision(a.step.seq, a.step.turn)
+                elif a.status == "expired":
+                    _decided(a.step, "expired", "expired", "the approval expired unanswered; nothing executed")
+        if run.approvals.filter(step__outcome="parked").exclude(pk__in=seen).exists():
             return run
         run.status = "running"
         run.save(update_fields=["status"])

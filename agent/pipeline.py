@@ -199,18 +199,15 @@ def process_turn(tc, turn) -> TurnResult:
         if d.action == "park":
             park(tc, d)
             result.parked = True
-    checked = False
     for i, d in enumerate(decisions):
         if d.action != "run":
             continue
-        # cancellation is read before the turn's first call and before every side effect
-        if (not checked or TOOLS[d.step.tool].side_effect) and tc.cancel_requested():
+        if tc.cancel_requested():
             for rest in decisions[i:]:
                 if rest.action == "run":
                     _finish(rest.step, "refused", "aborted_before_dispatch", "the run was cancelled before this call started", ok=False)
             result.cancelled = True
             return result
-        checked = True
         execute(tc, d.step, TOOLS[d.step.tool], d.args, d.key)
         if d.step.outcome == "error":
             halt = tc.after_error(d.step)

@@ -37,3 +37,98 @@ class EnqueueForm(forms.Form):
         initial=5,
         error_messages={"invalid": "the number of tasks must be a whole number, e.g. 5"},
     )
+
+
+class DecisionForm(forms.Form):
+    """An operator's answer to a parked call: approve, or reject with a comment saying why."""
+
+    decision = forms.ChoiceField(choices=[("approve", "approve"), ("reject", "reject")],
+                                 error_messages={"required": "choose approve or reject",
+                                                 "invalid_choice": "choose approve or reject"})
+    comment = forms.CharField(required=False, max_length=2000, strip=True)
+
+    def clean(self):
+        data = super().clean()
+        if data.get("decision") == "reject" and not data.get("comment"):
+            self.add_error("comment", "a rejection needs a comment saying why (the agent reads it)")
+        return data
+
+
+class AckForm(forms.Form):
+    """Acknowledge a firing alert: the comment tells other operators who is on it."""
+
+    comment = forms.CharField(max_length=2000, strip=True,
+                              error_messages={"required": "say what you are doing about it"})
+
+
+class InstanceActionForm(forms.Form):
+    """An operator's action on one instance. ``request_key`` is the form's one-time token: a
+    replayed POST of the same form is refused as ``duplicate``."""
+
+    ACTIONS = ["stop", "destroy", "reboot", "resume", "cordon", "uncordon"]
+    action = forms.ChoiceField(choices=[(a, a) for a in ACTIONS],
+                               error_messages={"invalid_choice": "unknown action %(value)s"})
+    reason = forms.CharField(max_length=500, strip=True,
+                             error_messages={"required": "say why (the reason goes to the audit log)"})
+    override_reason = forms.CharField(required=False, max_length=500, strip=True)
+    request_key = forms.CharField(required=False, max_length=64)
+
+
+class ObserveOnlyForm(forms.Form):
+    """The observe-only switch: ``on`` true stops every side effect (the agent still proposes)."""
+
+    on = forms.BooleanField(required=False)
+    reason = forms.CharField(required=False, max_length=500, strip=True)
+
+
+class ResetForm(forms.Form):
+    """Reset session: a new conversation epoch (runs stay visible, the anchor keeps counting)."""
+
+    reason = forms.CharField(required=False, max_length=500, strip=True)
+
+
+POLICY_CHOICES = [("auto", "auto"), ("approval", "approval"), ("forbidden", "forbidden")]
+
+
+class SettingsForm(forms.Form):
+    """The settings page: one select per policy key, one input per limit, and why.
+
+    Fields are ``policy__<key>`` and ``limits__<key>``; per-priority launch keys may be left
+    empty ("same as launch_instance"). Ranges are checked by ``agent.actions.validate_overrides``
+    (the one place), whose errors the view attaches to the field they name.
+    """
+
+    reason = forms.CharField(max_length=500, strip=True,
+                             error_messages={"required": "say why (every settings change is audited)"})
+
+    def __init__(self, *args, policy: dict, limits: dict, inherit_keys=(), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.policy_fields, self.limit_fields = [], []
+        for key, value in policy.items():
+            name = "policy__" + key.replace(":", "__")
+            choices = ([("", "same as launch_instance")] if key in inherit_keys else []) + POLICY_CHOICES
+            self.fields[name] = forms.ChoiceField(label=key, choices=choices, required=key not in inherit_keys,
+                                                  initial=value)
+            self.policy_fields.append((key, name))
+        for key, value in limits.items():
+            name = "limits__" + key
+            initial = ", ".join(str(v) for v in value) if isinstance(value, list | tuple) else value
+            self.fields[name] = forms.CharField(label=key, initial=initial, max_length=100, strip=True,
+                                                error_messages={"required": f"{key} needs a value"})
+            self.limit_fields.append((key, name))
+
+    def overrides(self) -> tuple[dict, dict]:
+        """The submitted values as ``(policy, limits)`` for ``do_update_overrides`` (lists split)."""
+        policy = {key: (self.cleaned_data[name] or None) for key, name in self.policy_fields}
+        limits = {}
+        for key, name in self.limit_fields:
+            raw = self.cleaned_data[name]
+            limits[key] = [part.strip() for part in raw.strip("[]").split(",") if part.strip()] if "," in raw or key in (
+                "launch_rate", "repeat_reminders") else raw
+        return policy, limits
+
+    def field_name(self, dotted: str) -> str | None:
+        """The form field of an ``OverrideError.field`` (``limits.max_dph`` → ``limits__max_dph``)."""
+        part, _, key = dotted.partition(".")
+        name = f"{part}__{key.replace(':', '__')}"
+        return name if name in self.fields else None

@@ -2,13 +2,25 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from console import views
+from console import trace_views, views
 
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),
     path("fleet/", views.fleet_page, name="fleet"),
     path("runs/", views.runs_page, name="runs"),
     path("runs/<int:number>/", views.run_detail, name="run"),
+    path("approvals/", views.approvals_page, name="approvals"),
+    path("approvals/<int:pk>/decide/", views.decide_approval, name="decide_approval"),
+    path("alerts/", views.alerts_page, name="alerts"),
+    path("alerts/<int:pk>/ack/", views.ack_alert, name="ack_alert"),
+    path("actions/", views.actions_page, name="actions"),
+    path("instances/<str:external_id>/", views.instance_page, name="instance"),
+    path("instances/<str:external_id>/act/", views.instance_action, name="instance_action"),
+    path("api/instances/<str:external_id>/<str:action>/", views.api_instance_action, name="api_instance_action"),
+    path("settings/", views.settings_page, name="settings"),
+    path("traces/", trace_views.traces, name="traces"),
+    path("actions/observe-only/", views.set_observe_only, name="set_observe_only"),
+    path("actions/reset/", views.reset_session, name="reset_session"),
     path("actions/target/", views.set_target, name="set_target"),
     path("actions/message/", views.post_message, name="post_message"),
     path("actions/observe/", views.observe_now, name="observe_now"),

@@ -11,26 +11,58 @@ the buttons disabled and gets 403 on POST.
 """
 
 import functools
+import json
 import logging
+import uuid
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.db.models import Count, Q, Sum
+from django.db.models import Count, F, Q, Sum
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseForbidden, JsonResponse
-from django.shortcuts import redirect, render
+from django.shortcuts import get_object_or_404, redirect, render
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.cache import never_cache
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.http import trigger_client_event
 from django_htmx.middleware import HtmxDetails
 
-from agent.actions import do_audit, do_post_message, do_set_target
-from agent.models import Run, SessionState, Step
+from agent.actions import (
+    LIMIT_RANGES,
+    ActionRefused,
+    OverrideError,
+    baseline_settings,
+    do_ack_alert,
+    do_audit,
+    do_cordon,
+    do_operator_instance_action,
+    do_post_message,
+    do_reset_session,
+    do_set_observe_only,
+    do_set_target,
+    do_update_overrides,
+    policy_keys,
+)
+from agent.approvals import DecisionError, do_decide
+from agent.models import Approval, AuditLog, Run, SessionState, Step
+from agent.policy import effective_limits, effective_policy
 from console import health
-from console.forms import EnqueueForm, MessageForm, TargetForm
+from console.forms import (
+    AckForm,
+    DecisionForm,
+    EnqueueForm,
+    InstanceActionForm,
+    MessageForm,
+    ObserveOnlyForm,
+    ResetForm,
+    SettingsForm,
+    TargetForm,
+)
 from console.templatetags.console_extras import can_act
 from fleet.clock import clock
 from fleet.demand.base import DemandError
-from fleet.models import BILLABLE_STATUSES, DemandSample, Instance
+from fleet.models import BILLABLE_STATUSES, Alert, DemandSample, Diagnosis, Instance
+from fleet.providers.base import ProviderError
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +166,19 @@ def chat_context() -> dict:
     return {"chat_items": items[-CHAT_ITEMS:]}
 
 
+def observe_only_context() -> dict:
+    """The observe-only switch's state (the session anchor)."""
+    return {"state": SessionState.get()}
+
+
+def inline_approvals_context() -> dict:
+    """Waiting approvals only, for the chat column (the inbox page also lists recent decisions)."""
+    return approvals_context(recent=0)
+
+
 DASHBOARD_REGIONS = {
+    "approvals": ("console/partials/approvals.html", inline_approvals_context),
+    "observe_only": ("console/partials/observe_only.html", observe_only_context),
     "cards": ("console/partials/cards.html", cards_context),
     "chat": ("console/partials/chat_log.html", chat_context),
     "fleet": ("console/partials/fleet.html", lambda: fleet_context(False)),
@@ -161,6 +205,7 @@ def _dashboard_page(request, status: int = 200, **forms) -> HttpResponse:
     ctx.update(chat_context())
     ctx.update(fleet_context(False))
     ctx.update(runs_context(RUNS_ON_DASHBOARD))
+    ctx.update(inline_approvals_context())
     return render(request, "console/dashboard.html", ctx, status=status)
 
 
@@ -169,7 +214,8 @@ def _dashboard_page(request, status: int = 200, **forms) -> HttpResponse:
 @require_GET
 @never_cache
 def dashboard(request: HtmxHttpRequest) -> HttpResponse:
-    """The dashboard; an htmx GET with ``?partial=cards|chat|fleet|runs`` gets that region only."""
+    """The dashboard; an htmx GET with ``?partial=cards|chat|fleet|runs|approvals|observe_only`` gets
+    that region only."""
     name = request.GET.get("partial", "")
     if _is_region(request) and name in DASHBOARD_REGIONS:
         template, build = DASHBOARD_REGIONS[name]
@@ -182,7 +228,7 @@ def dashboard(request: HtmxHttpRequest) -> HttpResponse:
 @never_cache
 def fleet_page(request: HtmxHttpRequest) -> HttpResponse:
     """Every instance; ``?killed=1`` shows killed ones too. htmx GET: the table only."""
-    ctx = _page_context(request, **fleet_context(request.GET.get("killed") == "1"))
+    ctx = _page_context(request, request_key=uuid.uuid4().hex, **fleet_context(request.GET.get("killed") == "1"))
     if _is_region(request):
         return render(request, "console/partials/fleet.html", ctx)
     return render(request, "console/fleet.html", ctx)
@@ -203,11 +249,21 @@ def runs_page(request: HtmxHttpRequest) -> HttpResponse:
 @require_GET
 @never_cache
 def run_detail(request: HtmxHttpRequest, number: int) -> HttpResponse:
-    """One run and every step of its trace. htmx GET: the trace only."""
+    """One run: halt reason, the honest report, entailment flags, and every step of its trace with its
+    outcome and reason code (observe-only refusals as "would have done"; parked calls with their
+    approval inline). htmx GET: the trace only."""
     run = Run.objects.annotate(step_count=Count("steps")).filter(number=number).first()
     if run is None:
         raise Http404(f"no run {number}")
-    ctx = _page_context(request, run=run, steps=list(run.steps.order_by("seq")))
+    steps = list(run.steps.select_related("approval", "approval__decided_by").order_by("seq"))
+    now = clock.now()
+    for s in steps:
+        a = getattr(s, "approval", None) if s.kind == "call" else None
+        if a is not None:
+            a.seconds_left = (a.expires_at - now).total_seconds()
+            a.run, a.step = run, s
+    ctx = _page_context(request, run=run, steps=steps, now=now,
+                        would_have=sum(1 for s in steps if s.reason_code == "observe_only"))
     if _is_region(request):
         return render(request, "console/partials/run_trace.html", ctx)
     return render(request, "console/run.html", ctx)
@@ -351,3 +407,419 @@ def healthz(request: HttpRequest) -> JsonResponse:
     """``/healthz`` (no login): JSON of every check; 200 when all are up, 503 naming what is down."""
     body, status = health.report()
     return JsonResponse(body, status=status)
+
+
+# --- approvals inbox ---------------------------------------------------------------------------
+APPROVALS_RECENT = 30
+
+
+def approvals_context(recent: int = APPROVALS_RECENT) -> dict:
+    """Waiting approvals (soonest expiry first) and the newest decided ones: two queries.
+
+    A waiting row past its expiry is shown as expired (the loop marks it ``expired`` on its next
+    cycle; ``do_decide`` already refuses it).
+    """
+    now = clock.now()
+    waiting = list(
+        Approval.objects.filter(status="waiting").select_related("run", "step", "decided_by").order_by("expires_at", "pk")
+    )
+    for a in waiting:
+        a.seconds_left = (a.expires_at - now).total_seconds()
+    decided = []
+    if recent:
+        decided = list(
+            Approval.objects.exclude(status="waiting").select_related("run", "step", "decided_by")
+            .order_by(F("decided_at").desc(nulls_last=True), "-pk")[:recent]
+        )
+    return {"waiting": waiting, "decided": decided, "now": now}
+
+
+def _safe_next(request, default: str) -> str:
+    nxt = request.POST.get("next") or request.GET.get("next") or ""
+    if nxt and url_has_allowed_host_and_scheme(nxt, allowed_hosts={request.get_host()}):
+        return nxt
+    return default
+
+
+@login_required
+@require_GET
+@never_cache
+def approvals_page(request: HtmxHttpRequest) -> HttpResponse:
+    """The approvals inbox: waiting calls with approve / reject-with-comment and their expiry,
+    then recent decisions. htmx GET: the inbox region only."""
+    ctx = _page_context(request, **approvals_context())
+    if _is_region(request):
+        return render(request, "console/partials/approvals.html", ctx)
+    return render(request, "console/approvals.html", ctx)
+
+
+@operator_required
+def decide_approval(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    """Approve or reject one parked call (``do_decide``), then enqueue the run's resume.
+
+    Exactly once: ``do_decide`` is a conditional UPDATE, so a double click, a second operator or a
+    replayed POST gets 409 naming who decided first, and only the winner enqueues the resume.
+    A rejection without a comment is 400. htmx gets the approval's card (status 200, message in
+    it); a browser a redirect to ``next`` (or the inbox) or the inbox with the error.
+    """
+    from agent.tasks import start_resume
+
+    approval = get_object_or_404(Approval.objects.select_related("run", "step"), pk=pk)
+    form = DecisionForm(request.POST)
+    error, status, note = "", 200, ""
+    if not form.is_valid():
+        error, status = "; ".join(e for errs in form.errors.values() for e in errs), 400
+    else:
+        try:
+            approval = do_decide(approval, form.cleaned_data["decision"], actor_of(request),
+                                 form.cleaned_data["comment"], user=request.user)
+        except DecisionError as exc:
+            error, status = str(exc), 409
+            approval.refresh_from_db()
+        else:
+            try:
+                start_resume(approval.run_id)
+                note = f"{approval.status}; the agent resumes run #{approval.run.number}"
+            except Exception as exc:  # broker down: the decision is stored, the resume is not queued
+                log.warning("start_resume(%s) failed: %s", approval.run_id, exc)
+                note = f"{approval.status}, but the agent could not be resumed: {_why(exc)}"
+    if request.htmx:
+        now = clock.now()
+        approval.seconds_left = (approval.expires_at - now).total_seconds()
+        resp = render(request, "console/partials/approval_card.html",
+                      _page_context(request, a=approval, error=error, note=note, now=now))
+        trigger_client_event(resp, "approvals-changed")
+        return resp
+    if status == 200:
+        messages.success(request, f"approval {approval.pk}: {note}")
+        return redirect(_safe_next(request, "/approvals/"))
+    ctx = _page_context(request, error=error, **approvals_context())
+    return render(request, "console/approvals.html", ctx, status=status)
+
+
+# --- alerts tab --------------------------------------------------------------------------------
+ALERT_STATES = ("firing", "acknowledged", "resolved")
+ALERTS_ON_PAGE = 200
+
+
+def alerts_context(state: str) -> dict:
+    """Alerts in ``state`` (``all`` for every state), newest first, with a count per state."""
+    counts = dict.fromkeys(ALERT_STATES, 0)
+    counts.update(dict(Alert.objects.values_list("state").annotate(n=Count("id")).order_by()))
+    qs = Alert.objects.select_related("instance").order_by("-raised_at", "-pk")
+    if state in ALERT_STATES:
+        qs = qs.filter(state=state)
+    return {"alerts": list(qs[:ALERTS_ON_PAGE]), "state": state, "counts": counts,
+            "states": ALERT_STATES, "firing_count": counts["firing"]}
+
+
+def _alert_state(request) -> str:
+    state = request.GET.get("state", "firing")
+    return state if state in (*ALERT_STATES, "all") else "firing"
+
+
+@login_required
+@require_GET
+@never_cache
+def alerts_page(request: HtmxHttpRequest) -> HttpResponse:
+    """The Alerts tab: ``?state=firing|acknowledged|resolved|all`` (default firing); operators
+    acknowledge firing alerts with a comment. htmx GET: the table only."""
+    ctx = _page_context(request, **alerts_context(_alert_state(request)))
+    if _is_region(request):
+        return render(request, "console/partials/alerts.html", ctx)
+    return render(request, "console/alerts.html", ctx)
+
+
+@operator_required
+def ack_alert(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    """Acknowledge one firing alert with a comment (``do_ack_alert``). Already acknowledged or
+    resolved: 409; no comment: 400. htmx gets the refreshed table; a browser a redirect."""
+    alert = get_object_or_404(Alert, pk=pk)
+    form = AckForm(request.POST)
+    error, status = "", 200
+    if not form.is_valid():
+        error, status = "; ".join(form.errors["comment"]), 400
+    else:
+        try:
+            do_ack_alert(alert, actor_of(request), form.cleaned_data["comment"])
+        except ValueError as exc:
+            error, status = str(exc), 409
+    state = _alert_state(request) if request.GET.get("state") else request.POST.get("state", "firing")
+    state = state if state in (*ALERT_STATES, "all") else "firing"
+    if request.htmx:
+        resp = render(request, "console/partials/alerts.html",
+                      _page_context(request, error=error, error_pk=pk, **alerts_context(state)))
+        trigger_client_event(resp, "alerts-changed")
+        return resp
+    if status == 200:
+        messages.success(request, f"alert {pk} acknowledged")
+        return redirect(f"/alerts/?state={state}")
+    return render(request, "console/alerts.html",
+                  _page_context(request, error=error, error_pk=pk, **alerts_context(state)), status=status)
+
+
+# --- actions tab (the audit log) ---------------------------------------------------------------
+AUDIT_ON_PAGE = 200
+
+
+def audit_context(actor: str = "", verb: str = "", target: str = "", limit: int = AUDIT_ON_PAGE) -> dict:
+    """Audit rows, newest first, optionally filtered by actor / verb prefix / target (one query)."""
+    qs = AuditLog.objects.order_by("-at", "-id")
+    if actor:
+        qs = qs.filter(actor__icontains=actor)
+    if verb:
+        qs = qs.filter(verb__startswith=verb)
+    if target:
+        qs = qs.filter(target__icontains=target)
+    return {"rows": list(qs[:limit]), "f_actor": actor, "f_verb": verb, "f_target": target, "limit": limit}
+
+
+@login_required
+@require_GET
+@never_cache
+def actions_page(request: HtmxHttpRequest) -> HttpResponse:
+    """The Actions tab: who or what did what, when, why, before and after (``?actor=&verb=&target=``
+    filter, kept in the URL). htmx GET: the table only."""
+    g = request.GET
+    ctx = _page_context(request, **audit_context(g.get("actor", "").strip(), g.get("verb", "").strip(),
+                                                 g.get("target", "").strip()))
+    if _is_region(request):
+        return render(request, "console/partials/audit.html", ctx)
+    return render(request, "console/actions.html", ctx)
+
+
+# --- instance page and operator actions on instances ------------------------------------------
+DIAGNOSES_ON_PAGE = 20
+EVENTS_ON_PAGE = 100
+
+
+def _instance(external_id: str) -> Instance:
+    """The instance with ``external_id`` (a live one before a killed one); 404 when none."""
+    inst = (Instance.objects.filter(external_id=external_id)
+            .order_by(F("killed_at").desc(nulls_first=True), "-created_at").first())
+    if inst is None:
+        raise Http404(f"no instance {external_id}")
+    return inst
+
+
+def instance_context(inst: Instance) -> dict:
+    """One instance: its diagnoses, its events (audit rows targeting it) and its alerts."""
+    return {
+        "inst": inst,
+        "diagnoses": list(Diagnosis.objects.filter(instance=inst).order_by("-taken_at")[:DIAGNOSES_ON_PAGE]),
+        "events": list(AuditLog.objects.filter(target=inst.external_id).order_by("-at", "-id")[:EVENTS_ON_PAGE]),
+        "inst_alerts": list(Alert.objects.filter(instance=inst).order_by("-raised_at")[:50]),
+    }
+
+
+@login_required
+@require_GET
+@never_cache
+def instance_page(request: HtmxHttpRequest, external_id: str) -> HttpResponse:
+    """An instance: facts, stop/destroy/reboot/resume/cordon buttons, diagnoses and events.
+    htmx GET: the detail region only."""
+    inst = _instance(external_id)
+    ctx = _page_context(request, request_key=uuid.uuid4().hex, **instance_context(inst))
+    if _is_region(request):
+        return render(request, "console/partials/instance.html", ctx)
+    return render(request, "console/instance.html", ctx)
+
+
+def run_instance_action(inst: Instance, action: str, *, actor: str, reason: str, override_reason: str = "",
+                        request_key: str = "") -> tuple[int, str, str]:
+    """Run one operator action on ``inst``; returns ``(http_status, code, detail)``.
+
+    stop/destroy/reboot/resume go through ``do_operator_instance_action`` (the agent's guards;
+    ``override_reason`` passes demand_guard/hold_off, audited; ``request_key`` makes a replay a
+    ``duplicate``); cordon/uncordon through ``do_cordon``. 200 ``ok``; refusals 428
+    (diagnosis_required) or 409 with their reason code; 400 bad input; 502 provider failure.
+    """
+    if inst.killed_at is not None:
+        return 409, "killed", f"{inst.external_id} is already gone ({inst.kill_reason or 'killed'})"
+    try:
+        if action in ("cordon", "uncordon"):
+            if not (reason or "").strip():
+                raise ValueError("say why (the reason goes to the audit log)")
+            n = do_cordon(inst, action == "cordon", actor=actor, reason=reason)
+            if n == 0:
+                return 409, "no_worker", f"{inst.external_id}'s worker has not registered with the queue; nothing to {action}"
+            return 200, "ok", f"{action}ed {inst.external_id}"
+        do_operator_instance_action(inst, action, actor=actor, reason=reason, override_reason=override_reason,
+                                    request_key=request_key)
+    except ActionRefused as exc:
+        return exc.status, exc.code, exc.detail
+    except ProviderError as exc:
+        return 502, "provider_error", _why(exc)
+    except ValueError as exc:
+        return 400, "invalid", str(exc)
+    return 200, "ok", f"{action} of {inst.external_id} sent"
+
+
+@operator_required
+def instance_action(request: HtmxHttpRequest, external_id: str) -> HttpResponse:
+    """The fleet and instance pages' action form (HTML): action, reason, optional override reason,
+    and the form's one-time ``request_key``. htmx gets the form back with the outcome (a fresh
+    token on success); a browser a redirect on success or the instance page with the refusal,
+    answered with the refusal's status (428 for diagnosis_required, 409 otherwise)."""
+    inst = _instance(external_id)
+    form = InstanceActionForm(request.POST)
+    if form.is_valid():
+        d = form.cleaned_data
+        status, code, detail = run_instance_action(inst, d["action"], actor=actor_of(request), reason=d["reason"],
+                                                   override_reason=d["override_reason"], request_key=d["request_key"])
+    else:
+        status, code, detail = 400, "invalid", "; ".join(e for errs in form.errors.values() for e in errs)
+    result = {"ok": status == 200, "code": code, "detail": detail, "status": status}
+    if request.htmx:
+        inst.refresh_from_db()
+        resp = render(request, "console/partials/instance_actions.html",
+                      _page_context(request, inst=inst, result=result, request_key=uuid.uuid4().hex,
+                                    form_values=None if status == 200 else request.POST))
+        if status == 200:
+            trigger_client_event(resp, "fleet-changed")
+        trigger_client_event(resp, "actions-changed")
+        return resp
+    if status == 200:
+        messages.success(request, detail)
+        return redirect(_safe_next(request, f"/instances/{inst.external_id}/"))
+    ctx = _page_context(request, request_key=uuid.uuid4().hex, result=result, form_values=request.POST,
+                        **instance_context(inst))
+    return render(request, "console/instance.html", ctx, status=status)
+
+
+def _json_error(status: int, code: str, detail: str) -> JsonResponse:
+    return JsonResponse({"ok": False, "code": code, "detail": detail}, status=status)
+
+
+@require_POST
+def api_instance_action(request: HttpRequest, external_id: str, action: str) -> JsonResponse:
+    """``POST /api/instances/<external_id>/<action>/`` with JSON ``{"reason", "override_reason"?,
+    "request_key"?}`` (session auth + CSRF header). Answers 200 ``{"ok": true}``, or
+    ``{"ok": false, "code", "detail"}`` with 428 (diagnosis_required), 409 (other refusals),
+    400 (bad input), 401 (not signed in), 403 (viewer), 404 (no instance), 502 (provider)."""
+    if not request.user.is_authenticated:
+        return _json_error(401, "unauthenticated", "sign in first")
+    if not can_act(request.user):
+        return _json_error(403, "forbidden", "viewers cannot act")
+    if action not in InstanceActionForm.ACTIONS:
+        return _json_error(404, "unknown_action", f"unknown action {action!r}; use one of {', '.join(InstanceActionForm.ACTIONS)}")
+    try:
+        body = json.loads(request.body or b"{}")
+    except ValueError:
+        return _json_error(400, "invalid", "the body must be JSON, e.g. {\"reason\": \"wedged\"}")
+    if not isinstance(body, dict):
+        return _json_error(400, "invalid", "the body must be a JSON object")
+    fields = {k: body.get(k, "") for k in ("reason", "override_reason", "request_key")}
+    if not all(isinstance(v, str) for v in fields.values()):
+        return _json_error(400, "invalid", "reason, override_reason and request_key must be strings")
+    try:
+        inst = _instance(external_id)
+    except Http404:
+        return _json_error(404, "not_found", f"no instance {external_id}")
+    status, code, detail = run_instance_action(inst, action, actor=actor_of(request), **fields)
+    if status == 200:
+        return JsonResponse({"ok": True, "detail": detail})
+    return _json_error(status, code, detail)
+
+
+# --- observe-only switch, reset session ---------------------------------------------------------
+@operator_required
+def set_observe_only(request: HtmxHttpRequest) -> HttpResponse:
+    """The observe-only switch (``do_set_observe_only``): ``on=1`` stops every side effect; the agent
+    still observes and proposes, its calls shown as "would have done". htmx: the switch partial."""
+    form = ObserveOnlyForm(request.POST)
+    form.is_valid()  # both fields are optional; a missing ``on`` means off
+    on = bool(form.cleaned_data.get("on"))
+    state = do_set_observe_only(on, actor_of(request), form.cleaned_data.get("reason", ""))
+    if request.htmx:
+        resp = render(request, "console/partials/observe_only.html", _page_context(request, state=state))
+        trigger_client_event(resp, "settings-changed")
+        return resp
+    messages.success(request, f"observe-only {'on: nothing executes' if on else 'off'}")
+    return redirect(_safe_next(request, "/"))
+
+
+@operator_required
+def reset_session(request: HtmxHttpRequest) -> HttpResponse:
+    """"Reset session" (``do_reset_session``, confirmed in the browser): a new conversation epoch;
+    runs stay visible and run numbers keep counting."""
+    form = ResetForm(request.POST)
+    form.is_valid()
+    state = do_reset_session(actor_of(request), form.cleaned_data.get("reason", "") or "operator pressed Reset session")
+    return _flash_response(request, True, f"session reset: conversation epoch {state.epoch}",
+                           topics=("runs-changed", "chat-changed"))
+
+
+# --- settings page ------------------------------------------------------------------------------
+def _settings_form(state: SessionState, data=None) -> SettingsForm:
+    table = effective_policy(state)
+    overrides = (state.overrides or {}).get("policy", {})
+    policy = {}
+    inherit = []
+    for key in policy_keys():
+        if key in table:
+            policy[key] = table[key]
+        else:  # launch_instance:P1..P3 follow launch_instance unless overridden
+            inherit.append(key)
+            policy[key] = overrides.get(key, "")
+    limits = effective_limits(state).values
+    return SettingsForm(data, policy=policy, limits={k: limits.get(k) for k in LIMIT_RANGES}, inherit_keys=inherit)
+
+
+def settings_context(state: SessionState, form: SettingsForm) -> dict:
+    """The settings form with, per field, its default and whether an override is in force."""
+    base_policy, base_limits = baseline_settings(state)
+    ov = state.overrides or {}
+    rows_policy = [
+        {"key": key, "field": form[name], "default": base_policy.get(key, "same as launch_instance"),
+         "overridden": key in ov.get("policy", {})}
+        for key, name in form.policy_fields
+    ]
+    rows_limits = [
+        {"key": key, "field": form[name], "default": base_limits.get(key), "overridden": key in ov.get("limits", {}),
+         "range": LIMIT_RANGES[key]}
+        for key, name in form.limit_fields
+    ]
+    return {"form": form, "rows_policy": rows_policy, "rows_limits": rows_limits, "state": state,
+            "unattended": bool(settings.WARDEN.get("UNATTENDED"))}
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+@never_cache
+def settings_page(request: HtmxHttpRequest) -> HttpResponse:
+    """Policies (auto / approval / forbidden per tool and launch priority), caps, dwell, hold-off,
+    diagnosis freshness, approval expiry and breaker limits. POST (operators) saves through
+    ``do_update_overrides``: audited with who and why; bad input names the field, saves nothing
+    (400)."""
+    state = SessionState.get()
+    saved = False
+    status = 200
+    if request.method == "POST":
+        if not can_act(request.user):
+            return HttpResponseForbidden("viewers cannot act")
+        form = _settings_form(state, request.POST)
+        if form.is_valid():
+            policy, limits = form.overrides()
+            try:
+                state = do_update_overrides(policy, limits, actor_of(request), form.cleaned_data["reason"])
+                saved = True
+            except OverrideError as exc:
+                name = form.field_name(exc.field)
+                form.add_error(name, f"{exc.field}: {exc.message}" if name is None else exc.message)
+        if saved:
+            if not request.htmx:
+                messages.success(request, "settings saved")
+                return redirect("settings")
+            form = _settings_form(state)
+        else:
+            status = 400
+    else:
+        form = _settings_form(state)
+    ctx = _page_context(request, saved=saved, **settings_context(state, form))
+    if request.htmx:
+        resp = render(request, "console/partials/settings_form.html", ctx, status=200 if request.method == "POST" else status)
+        if saved:
+            trigger_client_event(resp, "settings-changed")
+        return resp
+    return render(request, "console/settings.html", ctx, status=status)

@@ -28,4 +28,45 @@
   document.addEventListener("visibilitychange", function () {
     if (document.visibilityState === "visible") resync();
   });
+
+  // Live updates must not fight the user: a region with a text field being typed into (a reject
+  // comment, an ack comment, a reason) skips its re-fetch; the next signal or the periodic poll
+  // after the form is sent brings it up to date.
+  function typing(region) {
+    var fields = region.querySelectorAll("input[type=text], textarea, select");
+    for (var i = 0; i < fields.length; i++) {
+      var f = fields[i];
+      if (f === document.activeElement) return true;
+      if ((f.tagName !== "SELECT") && f.value && f.defaultValue !== f.value) return true;
+    }
+    return false;
+  }
+  document.addEventListener("htmx:beforeRequest", function (evt) {
+    var elt = evt.detail.elt;
+    if (elt && elt.classList && elt.classList.contains("region") && evt.detail.requestConfig.verb === "get" && typing(elt)) {
+      evt.preventDefault();
+    }
+  });
+
+  // Approval expiry countdowns: "expires in 12 min" → "expired", every second, from data-expires.
+  function fmt(s) {
+    if (s < 90) return Math.floor(s) + " s";
+    if (s < 3600) return Math.floor(s / 60) + " min";
+    var h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60);
+    return h + " h" + (m ? " " + m + " min" : "");
+  }
+  function tick() {
+    var now = Date.now();
+    document.querySelectorAll("[data-expires]").forEach(function (el) {
+      var left = (Date.parse(el.dataset.expires) - now) / 1000;
+      if (left <= 0) {
+        el.textContent = "expired";
+        var card = el.closest(".approval");
+        if (card) { card.classList.add("approval-lapsed"); card.querySelectorAll(".decide button").forEach(function (b) { b.disabled = true; }); }
+      } else {
+        el.textContent = "expires in " + fmt(left);
+      }
+    });
+  }
+  setInterval(tick, 1000);
 })();

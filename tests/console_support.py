@@ -94,3 +94,38 @@ def capture_topics():
         yield seen
     finally:
         changed.disconnect(dispatch_uid="test-capture-topics")
+
+
+# --- parked approvals through the real loop (approvals, exactly-once, roles tests) ------------
+HX = {"HX-Request": "true"}
+IDLE = {"state": "ok", "active": False, "queued": 0, "running": 0, "workers_expected": 2, "workers_live": 2, "idle_min": 60}
+BUSY = {"state": "ok", "active": True, "queued": 7, "running": 1, "workers_expected": 1, "workers_live": 1, "idle_min": None}
+
+
+def stop_script(*iids: str) -> list[dict]:
+    """A script that diagnoses ``iids`` and then proposes stopping each (one batch when several)."""
+    diag = [{"tool": "diagnose_instance", "args": {"instance_id": i}} for i in iids]
+    stops = [{"tool": "stop_instance", "args": {"instance_id": i, "reason": f"{i} idle past the dwell"}} for i in iids]
+    if len(iids) == 1:
+        return [diag[0], stops[0]]
+    return [{"parallel": diag}, {"parallel": stops}]
+
+
+def park_stops(*iids: str):
+    """Run one real cycle (script planner) that parks a ``stop_instance`` per id; returns ``(run, planner)``.
+
+    Call inside ``tests.scenario_world.scenario_world`` with those ids in the fleet and idle demand.
+    """
+    from agent.loop import run_cycle
+    from agent.planners.script import ScriptPlanner
+
+    planner = ScriptPlanner(stop_script(*iids) + [{"text": 'done <verdict>{"action": true, "state_changed": true}</verdict>'}])
+    run = run_cycle("operator", planner=planner)
+    run.refresh_from_db()
+    assert run.status == "parked", (run.status, run.halt_reason, list(run.steps.values_list("tool", "outcome", "reason_code")))
+    return run, planner
+
+
+def resume_messages() -> list[dict]:
+    """``agent.tasks.resume`` tasks waiting in the broker."""
+    return [m for m in broker_messages() if m["task"] == "agent.tasks.resume"]

@@ -83,8 +83,6 @@ def test_the_report_is_shown_in_the_run_view(client, alice):
     assert "Done: list_instances" in html
 
 
-@pytest.mark.xfail(strict=True, reason="run_trace.html does not render Run.entailment_flags yet (proposed markup: "
-                   'a div id="entailment-flags" listing each flagged token)')
 def test_entailment_flags_are_shown_in_the_run_view(client, alice):
     with rails_world() as w:
         run = w.cycle([{"tool": "list_instances", "args": {}}, {"text": f"Relaunched v-909. {FINAL}"}])

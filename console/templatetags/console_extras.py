@@ -49,3 +49,46 @@ def count(value) -> str:
 def yesno_unknown(value) -> str:
     """True/False/None as ``yes``/``no``/``–``."""
     return {True: "yes", False: "no"}.get(value, "–")
+
+
+@register.filter
+def pretty_json(value) -> str:
+    """A JSON value as indented text (for args, before/after); ``–`` for None."""
+    import json
+
+    if value is None:
+        return "–"
+    return json.dumps(value, indent=1, sort_keys=True, default=str)
+
+
+@register.filter
+def countdown(seconds) -> str:
+    """Seconds left as ``"expires in 12 min"``; ``"expired"`` when none are left."""
+    if seconds is None:
+        return ""
+    if float(seconds) <= 0:
+        return "expired"
+    return f"expires in {age(seconds)}"
+
+
+@register.filter
+def mapget(mapping, key):
+    """``mapping[key]`` in a template (None when missing)."""
+    try:
+        return mapping.get(key)
+    except AttributeError:
+        return None
+
+
+@register.filter
+def words(value: str) -> list[str]:
+    """``"a b c"`` → ``["a", "b", "c"]`` (option lists written inline in a template)."""
+    return str(value).split()
+
+
+@register.filter
+def join_list(value) -> str:
+    """A list as ``"6, 600"``; anything else as text."""
+    if isinstance(value, list | tuple):
+        return ", ".join(str(v) for v in value)
+    return str(value)

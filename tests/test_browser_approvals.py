@@ -1,0 +1,169 @@
+"""In a real browser, an operator approves one parked call and rejects another (with the required
+comment) from the approvals inbox, and sees both outcomes arrive live: the approved launch runs on
+a real Celery worker (a real local worker process is launched) and its card turns ``executed``
+without a reload; the rejected one stays ``rejected`` and reaches the agent as a rejection.
+
+Real parts: daphne (``ChannelsLiveServerTestCase``), the Redis channel layer (own prefix), a Celery
+worker subprocess on the test databases, the ``local`` provider and demand source, and Chromium
+(``/usr/bin/chromium``) driven by Playwright. The two calls are parked by a real cycle (script
+planner) in this process: a P1 and a P2 launch in one batch (policy: approval).
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from channels.testing import ChannelsLiveServerTestCase
+from django.conf import settings
+from django.contrib.auth.models import Group, User
+from django.db import connections
+from django.test.utils import override_settings
+
+from agent.loop import run_cycle
+from agent.models import Approval, Run
+from agent.planners.script import ScriptPlanner
+from fleet.models import Instance
+from tests.console_support import purge_broker
+from tests.fleet_support import clear_harmony, kill_recorded_worker
+from tests.subprocs import BIN, ROOT, test_db_env
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+PREFIX = f"warden-test-{uuid.uuid4().hex[:8]}"
+WARDEN = {**settings.WARDEN, "PROVIDER": "local", "DEMAND_SOURCE": "local", "STARTUP_GRACE_S": 0, "HEARTBEAT_S": 1,
+          "PROOF_SECONDS": 1.0, "STOP_GRACE_S": 2.0}
+
+
+@pytest.mark.browser
+@pytest.mark.integration
+@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs /usr/bin/chromium")
+class TestApprovalsInABrowser(ChannelsLiveServerTestCase):
+    databases = {"default", "harmony"}
+
+    @classmethod
+    def setUpClass(cls):
+        settings.DATABASES["default"]["TEST"]["NAME"] = settings.DATABASES["default"]["NAME"]
+        layers = {"default": {**settings.CHANNEL_LAYERS["default"],
+                              "CONFIG": {**settings.CHANNEL_LAYERS["default"]["CONFIG"], "prefix": PREFIX}}}
+        cls.var_dir = Path(tempfile.mkdtemp(prefix="warden-browser-approvals-"))
+        cls._overrides = override_settings(CHANNEL_LAYERS=layers, VAR_DIR=cls.var_dir, WARDEN=WARDEN)
+        cls._overrides.enable()
+        connections.close_all()  # the server process is forked: share no open connection
+        super().setUpClass()
+
+    @classmethod
+    def tearDownClass(cls):
+        super().tearDownClass()
+        cls._overrides.disable()
+        shutil.rmtree(cls.var_dir, ignore_errors=True)
+
+    def setUp(self):
+        alice = User.objects.create_user("alice", password="alice-pass-1")
+        alice.groups.add(Group.objects.get_or_create(name="operators")[0])
+        clear_harmony()
+        purge_broker()
+        self.worker = None
+
+    def tearDown(self):
+        from fleet.providers.local import LocalProvider
+
+        if self.worker is not None:
+            self.worker.terminate()
+            try:
+                self.worker.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.worker.kill()
+        provider = LocalProvider()
+        for meta in sorted((self.var_dir / "workers").glob("local-*.json")):
+            if not meta.name.endswith(".run.json"):
+                try:
+                    provider.destroy(meta.name[: -len(".json")])
+                except Exception:  # noqa: BLE001 — never leave a worker process behind
+                    kill_recorded_worker(meta.with_name(meta.name[: -len(".json")] + ".run.json"))
+        clear_harmony()
+        purge_broker()
+
+    def start_celery_worker(self) -> None:
+        env = {**os.environ, **test_db_env(), "WARDEN_CHANNEL_PREFIX": PREFIX, "WARDEN_VAR_DIR": str(self.var_dir),
+               "WARDEN_PROVIDER": "local", "WARDEN_DEMAND_SOURCE": "local", "WARDEN_STARTUP_GRACE_S": "0",
+               "DJANGO_SETTINGS_MODULE": "console.settings"}
+        self.worker = subprocess.Popen(
+            [str(BIN / "celery"), "-A", "console", "worker", "-Q", settings.CELERY_TASK_DEFAULT_QUEUE,
+             "--pool", "solo", "--without-mingle", "--without-gossip", "-n", f"approvals-{PREFIX}@%h",
+             "--loglevel", "WARNING"],
+            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=open(self.var_dir / "celery.log", "w"),
+        )
+
+    def park_two_launches(self) -> tuple[Run, Approval, Approval]:
+        run = run_cycle("operator", planner=ScriptPlanner([{"parallel": [
+            {"tool": "launch_instance", "args": {"gpu_name": "local-cpu", "launch_priority": "P1", "reason": "queue is growing"}},
+            {"tool": "launch_instance", "args": {"gpu_name": "local-cpu", "launch_priority": "P2", "reason": "spare capacity"}},
+        ]}]))
+        run.refresh_from_db()
+        assert run.status == "parked", list(run.steps.values_list("tool", "outcome", "reason_code", "detail"))
+        p1 = Approval.objects.get(run=run, args__launch_priority="P1")
+        p2 = Approval.objects.get(run=run, args__launch_priority="P2")
+        return run, p1, p2
+
+    def test_it_approves_one_call_and_rejects_another_and_sees_both_outcomes_live(self):
+        from playwright.sync_api import sync_playwright  # its loop runs in this thread: no ORM inside the block
+
+        run, approve_me, reject_me = self.park_two_launches()
+        self.start_celery_worker()
+        frames: list[str] = []
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+            try:
+                page = browser.new_page()
+                page.on("websocket", lambda ws: ws.on("framereceived", lambda data: frames.append(str(data))))
+                page.goto(self.live_server_url + "/approvals/")
+                page.fill("input[name=username]", "alice")
+                page.fill("input[name=password]", "alice-pass-1")
+                page.click("button[type=submit]")
+                page.wait_for_url(self.live_server_url + "/approvals/")
+                page.wait_for_selector('#live-pill[data-state="live"]', timeout=15_000)
+                a, r = f"#approval-{approve_me.pk}", f"#approval-{reject_me.pk}"
+                page.wait_for_selector(f"{a} >> text=waiting")
+                assert "expires in" in page.inner_text(f"{a} .countdown")
+                page.evaluate("window.__noReload = 'still here'")
+
+                page.click(f"{a} button.approve")
+                page.wait_for_selector(f"{a} >> text=approved by alice")
+                # the worker executes the approved launch at once (the run stays parked on the other
+                # call); the card turns "executed" without a reload, on the pushed approvals-changed
+                page.wait_for_selector(f"{a} .status-executed", timeout=90_000)
+                assert "waiting" in page.inner_text(r)
+
+                page.fill(f"{r} input[name=comment]", "P2 can wait until the morning")
+                page.click(f"{r} button.danger")
+                page.wait_for_selector(f"{r} >> text=rejected by alice")
+                assert "P2 can wait until the morning" in page.inner_text(r)
+                page.wait_for_selector("#approvals >> text=No approvals waiting.")
+                assert page.evaluate("window.__noReload") == "still here"
+                triggers = [json.loads(f).get("trigger") for f in frames if f.startswith("{")]
+                assert "approvals-changed" in triggers, frames
+
+                # the run page: the rejection reaches the agent as ``rejected`` when the worker resumes
+                # the run after the second decision; the trace region updates live (runs-changed)
+                page.goto(f"{self.live_server_url}/runs/{run.number}/")
+                page.wait_for_selector("#run-trace .outcome-approved_executed", timeout=30_000)
+                page.wait_for_selector("#run-trace .outcome-rejected", timeout=60_000)
+                assert "P2 can wait until the morning" in page.inner_text("#run-trace")
+            finally:
+                browser.close()
+
+        steps = {s.args["launch_priority"]: s for s in Run.objects.get(pk=run.pk).steps.filter(tool="launch_instance")}
+        assert steps["P1"].outcome == "approved_executed"
+        assert (steps["P2"].outcome, steps["P2"].reason_code) == ("rejected", "rejected")
+        assert "P2 can wait until the morning" in steps["P2"].observation
+        deadline = time.monotonic() + 10
+        while Instance.objects.filter(provider="local").count() != 1 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert Instance.objects.filter(provider="local").count() == 1  # exactly one real launch
