@@ -105,7 +105,11 @@ def demand_context() -> dict:
     if sample is None:
         return {"demand": None, "demand_state": "unknown", "demand_age_s": None}
     age_s = (clock.now() - sample.taken_at).total_seconds()
-    return {"demand": sample, "demand_state": sample.state, "demand_age_s": age_s}
+    state = sample.state
+    # a good read older than two heartbeats no longer describes the queue: say so
+    if state == "ok" and age_s > 2 * settings.WARDEN["OBSERVE_INTERVAL_S"]:
+        state = "stale"
+    return {"demand": sample, "demand_state": state, "demand_age_s": age_s}
 
 
 def cards_context() -> dict:

@@ -151,3 +151,21 @@ def test_it_serves_the_static_files_from_the_asgi_app(db):
 
     for path in ["/static/console.js", "/static/console.css", "/static/django_htmx/ext/hx-ws-2.min.js"]:
         assert async_to_sync(status_of)(path) == 200, path
+
+
+def test_it_marks_a_good_read_older_than_two_heartbeats_stale(client, alice, settings):
+    settings.WARDEN = {**settings.WARDEN, "OBSERVE_INTERVAL_S": 300}
+    DemandSample.objects.create(taken_at=timezone.now() - timedelta(minutes=11), state="ok", queued=3, running=0,
+                                workers_expected=1, workers_live=1, workers_dead=0)
+    client.force_login(alice)
+    html = client.get("/").content.decode()
+    assert "demand: STALE" in html
+    assert "stale" in html.split('id="card-queued">')[1][:200]
+
+
+def test_a_fresh_good_read_is_not_stale(client, alice, settings):
+    settings.WARDEN = {**settings.WARDEN, "OBSERVE_INTERVAL_S": 300}
+    DemandSample.objects.create(taken_at=timezone.now() - timedelta(minutes=9), state="ok", queued=3, running=0,
+                                workers_expected=1, workers_live=1, workers_dead=0)
+    client.force_login(alice)
+    assert "demand: OK" in client.get("/").content.decode()
