@@ -10,9 +10,9 @@ import hashlib
 from django.db import transaction
 
 from agent.models import AuditLog, Run, SessionState, Step
-from agent.secrets import redact, redact_obj
 from fleet.clock import clock
 from fleet.events import emit
+from fleet.secrets import redact, redact_obj
 
 
 def do_audit(actor: str, verb: str, target: str = "", reason: str = "", before=None, after=None) -> AuditLog:

@@ -134,9 +134,11 @@ class BreakerState:
 
 def _error_message(s: Step) -> str:
     """An error's message without the call's arguments (so different ids compare equal)."""
+    import re
+
     msg = s.detail or ""
     if s.args:
         for v in s.args.values():
-            if isinstance(v, str) and len(v) >= 2:
-                msg = msg.replace(v, "…")
+            if isinstance(v, str) and v:
+                msg = re.sub(rf"(?<![\w-]){re.escape(v)}(?![\w-])", "…", msg)
     return msg

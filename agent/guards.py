@@ -77,6 +77,7 @@ def _launch_price(args: dict) -> float:
         for o in offers:
             if str(o.get("id")) == str(args["offer_id"]):
                 return float(o.get("dph") or 0)
+        raise ProviderError(f"offer {args['offer_id']} is not among the provider's offers", kind="permanent", code="not_found")
     prices = [float(o.get("dph") or 0) for o in offers]
     return min(prices) if prices else 0.0
 
@@ -130,8 +131,10 @@ def check(tool: str, args: dict, key: str, world, *, batch_prior: list[tuple[str
         if "demand_guard" not in override:
             if d.state != "ok":
                 return Refusal("demand_guard", f"demand is {d.state}: {d.error or 'no fresh read'}; no scale-down without a good read")
+            if None in (d.queued, d.running, d.workers_expected, d.workers_live, d.workers_dead):
+                return Refusal("demand_guard", "the demand read is missing counts (queued, running or workers); unknown is never zero")
             if d.queued:
-                return Refusal("demand_guard", f"{d.queued} tasks queued; {d.workers_expected} workers expected, {d.workers_live} live")
+                return Refusal("demand_guard", f"{d.queued} tasks queued; {d.workers_expected} workers expected, {d.workers_live} live")  # counts known here
             if d.workers_dead:
                 return Refusal("demand_guard", f"{d.workers_dead} expected worker(s) dead; {d.workers_expected} expected, {d.workers_live} live")
         # owned_tasks
@@ -150,6 +153,13 @@ def check(tool: str, args: dict, key: str, world, *, batch_prior: list[tuple[str
             if last is not None and now - last < timedelta(minutes=lim.hold_off_min):
                 ago = (now - last).total_seconds() / 60
                 return Refusal("hold_off", f"last launch {ago:.1f} min ago; hold-off is {lim.hold_off_min:g} min")
+
+    # owned_tasks for a reboot: it would kill the tasks a live worker is proving (a dead worker's
+    # tasks are stuck anyway — rebooting it is the repair)
+    if tool == "reboot_instance" and inst is not None:
+        worker = world.worker_for(inst)
+        if worker is not None and worker.live and worker.owned_tasks:
+            return Refusal("owned_tasks", f"{inst.external_id}'s live worker owns {worker.owned_tasks} task(s); a reboot would lose them")
 
     if tool == "launch_instance":
         # launch_pending (calls of the same batch do not count)

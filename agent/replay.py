@@ -82,9 +82,12 @@ class FleetEntry(_Strict):
     """One instance of the scenario's fleet (times in minutes before ``now``)."""
 
     id: str = Field(min_length=1, max_length=64)
-    provider: str = "vastai"
-    actual_status: str = "running"
-    intended_status: str = "running"
+    provider: Literal["vastai", "ssh", "local", "scenario"] = "vastai"
+    actual_status: Literal[
+        "created", "loading", "scheduling", "running", "rebooting", "stopped", "frozen", "exited", "error",
+        "unknown", "offline",
+    ] = "running"
+    intended_status: Literal["running", "stopped", "destroyed"] = "running"
     status_msg: str = ""
     age_min: float = Field(default=60, ge=0)
     status_age_min: float | None = Field(default=None, ge=0)
@@ -249,6 +252,38 @@ class ExpectSpec(_Strict):
     halt: str | None = None
     alerts: list[str] | None = None
 
+    @field_validator("never_executed")
+    @classmethod
+    def _known_tools(cls, v):
+        from agent.tools import PUBLIC_TOOLS
+
+        for tool in v or []:
+            if tool not in PUBLIC_TOOLS:
+                raise ValueError(f"unknown tool {tool!r}; a typo here would make the expectation always hold")
+        return v
+
+    @field_validator("halt")
+    @classmethod
+    def _known_halt(cls, v):
+        if v is not None and v not in HALT_CODES:
+            raise ValueError(f"unknown halt code {v!r}; use one of {', '.join(sorted(HALT_CODES))}")
+        return v
+
+    @field_validator("alerts")
+    @classmethod
+    def _known_alerts(cls, v):
+        for kind in v or []:
+            if kind not in ALERT_KINDS:
+                raise ValueError(f"unknown alert kind {kind!r}; use one of {', '.join(sorted(ALERT_KINDS))}")
+        return v
+
+
+#: SCENARIOS.md: the codes that halt a run, and the alert kinds
+HALT_CODES = {"max_steps", "same_error", "identical_args", "text_only_spiral", "forbidden_tool", "forged_observation",
+              "wall_clock", "token_budget", "three_strikes"}
+ALERT_KINDS = {"workers_dead", "demand_unknown", "provider_error", "prompt_injection", "breaker_tripped",
+               "destroy_unconfirmed", "stuck_provisioning", "budget", "escalation"}
+
 
 class Scenario(_Strict):
     """A scenario file (SCENARIOS.md "File")."""
@@ -280,9 +315,15 @@ class Scenario(_Strict):
         from agent.policy import DEFAULT_LIMITS
 
         allowed = OBJECTIVE_KEYS | set(DEFAULT_LIMITS)
-        for key in v:
+        for key, value in v.items():
             if key not in allowed:
                 raise ValueError(f"unknown objective {key!r}; known: {', '.join(sorted(allowed))}")
+            values = value if isinstance(DEFAULT_LIMITS.get(key), list) else [value]
+            if isinstance(DEFAULT_LIMITS.get(key), list) and (not isinstance(value, list) or len(value) != len(DEFAULT_LIMITS[key])):
+                raise ValueError(f"objective {key!r} must be a list like {DEFAULT_LIMITS[key]}")
+            for x in values:
+                if isinstance(x, bool) or not isinstance(x, int | float) or x != x or x in (float("inf"), float("-inf")) or x < 0:
+                    raise ValueError(f"objective {key!r} must be a finite number ≥ 0 (got {x!r})")
         return v
 
     @field_validator("policy")
@@ -355,9 +396,11 @@ def load_scenario(path: str | Path) -> tuple[Scenario, dict]:
     """
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ScenarioFileError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ScenarioFileError(f"{path}: not UTF-8 text (byte {exc.start}); save the file as UTF-8") from None
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as exc:

@@ -29,6 +29,12 @@ def final_report(run: Run) -> str:
     parked = [s for s in steps if s.outcome == "parked"]
     rejected = [s for s in steps if s.outcome in ("rejected", "expired")]
     lines = [f"Run {run.number} ({run.trigger}) — {run.status}" + (f": halted by {run.halt_reason}" if run.halt_reason else "")]
+    seen = _observed(run)
+    if seen.get("provider_error"):
+        lines.append(f"Fleet read FAILED: {seen['provider_error']}; the fleet listed below is the last known state, not a fresh read.")
+    demand = seen.get("demand") or {}
+    if demand and demand.get("state") != "ok":
+        lines.append(f"Demand was {demand.get('state')}: {demand.get('error') or 'no fresh read'} (counts unknown, not zero).")
     if run.halt_detail:
         lines.append(f"Why it stopped: {run.halt_detail}")
     lines.append("Done: " + (", ".join(_call(s) + (" (approved)" if s.outcome == "approved_executed" else "") for s in done) or "nothing"))
@@ -40,13 +46,24 @@ def final_report(run: Run) -> str:
         lines.append("Not approved: " + "; ".join(f"{_call(s)} — {s.outcome}: {s.detail}" for s in rejected))
     if parked:
         lines.append("Waiting for an operator: " + ", ".join(_call(s) for s in parked))
-    if run.status in ("halted", "failed", "cancelled") or (run.status == "done" and run.verdict_action is None):
+    if run.planner != "monitor" and (run.status in ("halted", "failed", "cancelled") or (run.status == "done" and run.verdict_action is None)):
         lines.append("Remains: the planner did not finish; the next cycle re-observes and decides again.")
     from fleet.models import Instance
 
     live = list(Instance.objects.filter(killed_at__isnull=True).values_list("external_id", "status"))
     lines.append("Fleet now: " + (", ".join(f"{i} {st}" for i, st in live) or "no instances"))
     return "\n".join(lines)
+
+
+def _observed(run: Run) -> dict:
+    """The runtime's observation of the cycle (its ``observe`` step), parsed; ``{}`` when absent."""
+    import json
+
+    text = run.steps.filter(kind="observe").order_by("seq").values_list("observation", flat=True).first()
+    try:
+        return json.loads(text) if text else {}
+    except ValueError:
+        return {}
 
 
 def entailment_flags(run: Run) -> list[str]:
@@ -58,6 +75,11 @@ def entailment_flags(run: Run) -> list[str]:
     corpus += " " + " ".join(run.steps.filter(kind="message").values_list("text", flat=True))
     flags = []
     for token in set(_ID.findall(answer)) | set(_NUM.findall(_ID.sub(" ", answer))):
-        if token not in corpus:
+        if not re.search(rf"(?<![\w.-]){re.escape(token)}(?![\w-]|\.\d)", corpus):
             flags.append(token)
+    if run.verdict_action and not run.steps.filter(
+        kind="call", outcome__in=["executed", "approved_executed"],
+        tool__in=["launch_instance", "stop_instance", "destroy_instance", "reboot_instance", "resume_instance"],
+    ).exists():
+        flags.append("verdict says action, but no side effect ran")
     return sorted(flags)

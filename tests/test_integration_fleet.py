@@ -16,11 +16,11 @@ import psutil
 import pytest
 from django.db.models import Q
 
-from agent.models import Run, SessionState
+from agent.models import Run, SessionState, SideEffect
 from console.celery import app
 from fleet import demo
 from fleet.harmony import HarmonyTask, HarmonyTaskHistory
-from fleet.models import Instance
+from fleet.models import Diagnosis, Instance
 from fleet.providers.local import LocalProvider
 from tests.subprocs import BIN, ROOT, test_db_env
 
@@ -92,7 +92,7 @@ def test_agent_launches_workers_drains_queue_and_retires_them(celery_worker):
     # agent retire idle workers without an approval (launches with no live worker are P0: auto).
     state = SessionState.get()
     state.target_proofs_hr = 100_000
-    state.overrides = {"policy": {"destroy_instance": "auto", "launch_instance": "auto"}}
+    state.overrides = {"policy": {"stop_instance": "auto", "launch_instance": "auto"}}
     state.save()
 
     ids = demo.enqueue(20)
@@ -127,19 +127,23 @@ def test_agent_launches_workers_drains_queue_and_retires_them(celery_worker):
     assert local.count() <= MAX_WORKERS
 
     def retired():
-        return local.exists() and not local.filter(killed_at__isnull=True).exists()
+        return local.exists() and not local.filter(killed_at__isnull=True).exclude(status="stopped").exists()
 
     wait_for("the agent to retire the idle workers after the dwell", retired, 180, heartbeat)
 
-    for inst in local:
-        assert inst.killed_by == "agent", (inst.external_id, inst.killed_by, inst.kill_reason)
-        assert "idle" in inst.kill_reason
+    # retired = stopped by the agent after the dwell, with a diagnosis first; no worker process is left
+    stops = SideEffect.objects.filter(tool="stop_instance", status="done")
+    assert stops.count() == local.filter(killed_at__isnull=True).count() >= 2
+    assert all(s.actor == "agent" and "idle" in s.args["reason"] for s in stops)
+    for inst in local.filter(killed_at__isnull=True):
+        assert inst.intended_status == "stopped"
+        assert Diagnosis.objects.filter(instance=inst).exists()
         assert (
             inst.pid is None
             or not psutil.pid_exists(inst.pid)
             or psutil.Process(inst.pid).status() == psutil.STATUS_ZOMBIE
         )
-    assert LocalProvider(root=var_dir / "workers").list_instances() == []
+    assert {p.status for p in LocalProvider(root=var_dir / "workers").list_instances()} == {"stopped"}
     # The cycles ran on the worker, through the one entry point, and finished.
     runs = Run.objects.filter(trigger="heartbeat")
     assert runs.filter(Q(status="done")).exists()

@@ -69,6 +69,8 @@ def test_it_stops_with_sigterm_and_the_worker_exits_cleanly(local_fleet):
 def test_it_kills_a_worker_that_ignores_sigterm_after_the_grace(local_fleet, settings):
     settings.WARDEN = {**settings.WARDEN, "STOP_GRACE_S": 0.5}
     inst = local_fleet.launch()
+    # wait until the worker runs its own code (registered), so the suspend below is not racing its start-up
+    wait_for(lambda: machine_of(inst.worker_name), what="the worker to register")
     # a stopped (SIGSTOP) process cannot act on SIGTERM: only SIGKILL ends it
     psutil.Process(inst.pid).suspend()
 

@@ -11,7 +11,7 @@ import pytest
 
 from agent.actions import do_audit
 from agent.models import AuditLog, Step
-from agent.secrets import MARK, RedactingFilter, redact
+from fleet.secrets import MARK, RedactingFilter, redact
 from tests.rails_support import calls, extra_tool, rails_world, verdict
 
 pytestmark = pytest.mark.django_db

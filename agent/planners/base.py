@@ -69,3 +69,7 @@ class Planner:
 
     def next_turn(self, ctx) -> Turn | None:  # pragma: no cover — interface
         raise NotImplementedError
+
+    def exhausted(self, ctx) -> bool:
+        """True when the planner knows it has no further turn (asking costs nothing)."""
+        return False

@@ -10,7 +10,8 @@ Policy (autoscalers.md §1.7; seed 002):
    when the diagnosis blames the host — and, with nothing live and work queued, escalated.
 4. Retire idle workers only when demand is ``ok``, nothing is queued or running, no expected
    worker is dead, the queue has been empty for the dwell and no launch happened within the
-   hold-off; diagnose each first, then destroy those diagnosed healthy (they own no tasks).
+   hold-off; diagnose each first, then stop those diagnosed healthy (they own no tasks). A stopped
+   instance is resumed before a new one is rented when work comes back (rule 1).
 5. Never retire while demand is unknown or stale.
 It proposes; the guards, policy and approvals still decide (nothing here bypasses them).
 """
@@ -43,8 +44,8 @@ class RulesPlanner(Planner):
 
     def _retire_candidates(self, world) -> list:
         d, lim, now = world.demand, world.limits, clock.now()
-        if d.state != "ok" or d.queued or d.running or d.workers_dead:
-            return []
+        if d.state != "ok" or d.queued != 0 or d.running != 0 or d.workers_dead != 0:
+            return []  # unknown counts (None) are never read as zero
         if d.idle_since is None or now - d.idle_since < timedelta(minutes=lim.dwell_min):
             return []
         last = last_launch_at(world)
@@ -77,7 +78,15 @@ class RulesPlanner(Planner):
             want = max(1, math.ceil((lim.target_proofs_hr or 0) / rate))
             desired = min(lim.max_instances, d.queued, want)
             prio = "P0" if not d.workers_live else "P1"
-            for _ in range(max(0, desired - len(active))):
+            need = max(0, desired - len(active))
+            # an instance we stopped earlier is resumed before anything new is rented
+            stopped = [i for i in world.instances if i.status == "stopped" and i not in terminal and not i.is_owned_host]
+            for inst in stopped[:need]:
+                calls.append(Proposal("resume_instance", {
+                    "instance_id": inst.external_id,
+                    "reason": f"{d.queued} queued, {d.workers_live} live; resume before renting new",
+                }))
+            for _ in range(need - min(need, len(stopped))):
                 calls.append(Proposal("launch_instance", {
                     "launch_priority": prio,
                     "reason": f"{d.queued} queued, {d.workers_live} live; want {desired} workers for {lim.target_proofs_hr:g} proofs/hr",
@@ -132,13 +141,15 @@ class RulesPlanner(Planner):
         for inst in self._retire_candidates(world):
             diag = world.fresh_diagnosis(inst)
             if diag is not None and diag.health == "healthy":
-                calls.append(Proposal("destroy_instance", {
+                calls.append(Proposal("stop_instance", {
                     "instance_id": inst.external_id,
                     "reason": f"idle: queue empty past the {world.limits.dwell_min:g} min dwell; diagnosed healthy",
                 }))
         return Turn(calls=calls, batch=len(calls) > 1)
 
     def next_turn(self, ctx) -> Turn | None:
+        if ctx.world.provider_error:  # acting on a fleet we cannot see risks duplicates and wrong kills
+            return self.final_turn(ctx)
         if ctx.turn_index == 0:
             turn = self.first_turn(ctx.world)
             if turn.calls:
@@ -150,7 +161,7 @@ class RulesPlanner(Planner):
             if turn.calls:
                 return turn
         retire_proposed = any(
-            s.tool == "destroy_instance" and s.call_reason.startswith("idle") for s in steps
+            s.tool in ("stop_instance", "destroy_instance") and s.call_reason.startswith("idle") for s in steps
         )
         if not retire_proposed:
             turn = self.retire_turn(ctx.world)
@@ -163,6 +174,8 @@ class RulesPlanner(Planner):
         side = [s for s in done if s.tool in ("launch_instance", "stop_instance", "destroy_instance", "reboot_instance", "resume_instance")]
         d = ctx.world.demand
         parts = [] if d.state == "ok" else [f"Demand is {d.state}: no scale-down until it reads ok."]
+        if ctx.world.provider_error:
+            parts.append(f"The fleet could not be read ({ctx.world.provider_error}); nothing was changed.")
         parts += [f"Demand {d.state}: queued {d.queued if d.queued is not None else 'unknown'}, "
                  f"workers {d.workers_live if d.workers_live is not None else '?'}/{d.workers_expected if d.workers_expected is not None else '?'} live."]
         if side:

@@ -22,6 +22,9 @@ class ScriptPlanner(Planner):
     def __init__(self, steps: list[dict]):
         self.steps = list(steps)
 
+    def exhausted(self, ctx) -> bool:
+        return ctx.turn_index >= len(self.steps)
+
     def next_turn(self, ctx) -> Turn | None:
         if ctx.turn_index >= len(self.steps):
             return None

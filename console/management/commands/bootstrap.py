@@ -159,20 +159,27 @@ def stop_embedded_redis(var_dir: Path | None = None, wait_s: float = 10.0) -> in
 
 
 def stop_local_workers() -> list[str]:
-    """Stop every running local demo worker (``LocalProvider.stop``: SIGTERM, grace, SIGKILL).
+    """End every local demo worker (``LocalProvider.destroy``: SIGTERM, grace, SIGKILL, forget).
 
     The workers run in their own sessions so they outlive ``make run``; ``make stop`` ends them.
-    The instances stay listed as ``stopped``, so the agent sees what happened. Returns their ids.
+    They are destroyed, not left ``stopped``: a demo worker holds nothing worth keeping, and the
+    next ``make run`` sees them gone (killed) and launches what demand needs. Returns their ids.
     """
+    from agent.actions import do_instance_action
+    from fleet.models import Instance
     from fleet.providers.local import LocalProvider
 
     provider = LocalProvider()
-    stopped = []
-    for inst in provider.list_instances():
-        if inst.status in ("running", "created"):
-            provider.stop(inst.external_id)
-            stopped.append(inst.external_id)
-    return stopped
+    rows = {i.external_id: i for i in Instance.objects.filter(provider="local", killed_at__isnull=True)}
+    ended = []
+    for pi in provider.list_instances():
+        inst = rows.get(pi.external_id)
+        if inst is not None:  # destroyed, confirmed by a re-list and audited like any destroy
+            do_instance_action(inst, "destroy", actor="system", reason="make stop: the demo was shut down")
+        else:
+            provider.destroy(pi.external_id)
+        ended.append(pi.external_id)
+    return ended
 
 
 # --- the steps -------------------------------------------------------------------------------
@@ -258,7 +265,7 @@ class Command(BaseCommand):
     def handle(self, *args, stop_redis=False, stop_workers=False, verbosity=1, **options):
         if stop_workers:
             ids = stop_local_workers()
-            self.stdout.write(f"local workers stopped: {', '.join(ids)}" if ids else "no local worker was running")
+            self.stdout.write(f"local workers ended: {', '.join(ids)}" if ids else "no local worker was running")
         if stop_redis:
             pid = stop_embedded_redis()
             self.stdout.write(f"bundled redis stopped (pid {pid})" if pid else "bundled redis was not running")
