@@ -390,3 +390,24 @@ def test_an_error_outcome_counts_as_dispatched_but_not_executed():
     report = _report(("search_offers", "error", "tool_timeout", {}))
     assert match_expect(report, ExpectSpec.model_validate({"executed": [], "refused": []})) == []
     assert match_expect(report, ExpectSpec.model_validate({"never_executed": ["search_offers"]}))
+
+
+def test_values_that_would_make_an_expectation_meaningless_or_crash_are_file_errors(tmp_path):
+    cases = [
+        (variant(expect={"never_executed": ["stop_instanse"]}), "unknown tool 'stop_instanse'"),
+        (variant(expect={"halt": "banana"}), "unknown halt code 'banana'"),
+        (variant(expect={"alerts": ["bananas"]}), "unknown alert kind 'bananas'"),
+        (variant(objectives={"max_steps": "abc"}), "objective 'max_steps' must be a finite number"),
+        (variant(objectives={"max_instances": -5}), "objective 'max_instances' must be a finite number"),
+        (variant(objectives={"launch_rate": 3}), "objective 'launch_rate' must be a list"),
+        (variant(fleet=[{**BASE["fleet"][0], "provider": "SSH"}]), "fleet[0].provider"),
+        (variant(fleet=[{**BASE["fleet"][0], "actual_status": "banana"}]), "fleet[0].actual_status"),
+    ]
+    for data, problem in cases:
+        with pytest.raises(ScenarioFileError) as exc:
+            load_scenario(write(tmp_path, data))
+        assert problem in str(exc.value), str(exc.value)
+    latin1 = tmp_path / "latin1.json"
+    latin1.write_bytes(b'{"name": "caf\xe9"}')
+    with pytest.raises(ScenarioFileError, match="not UTF-8"):
+        load_scenario(latin1)

@@ -130,3 +130,28 @@ def test_secret_in_a_crashing_tools_traceback_is_redacted_from_logs(caplog):
     (step,) = calls(run)
     assert "s3cr3t-P4ss" not in step.observation  # the stored observation is clean either way
     assert "s3cr3t-P4ss" not in caplog.text
+
+
+KEY = "sk-proj-ABCDEF1234567890abcdefXYZ"
+
+
+@pytest.mark.django_db
+def test_secrets_never_reach_memory_alerts_side_effects_or_diagnoses():
+    from agent.models import MemoryFact, SideEffect
+    from fleet.models import Alert, Diagnosis
+    from tests.rails_support import fleet_entry
+
+    ssh = {"reachable": True, "commands": {"nvidia-smi -L": {"rc": 0, "out": f"GPU 0: RTX 4090\nOPENAI_API_KEY={KEY}"}}}
+    with rails_world(fleet=[fleet_entry("v-1", ssh=ssh)], policy={"stop_instance": "auto"}) as w:
+        w.cycle([
+            {"tool": "remember", "args": {"category": "note", "key": "k", "value": f"the key is {KEY}"}},
+            {"tool": "escalate_human", "args": {"severity": "P2", "message": f"leaked {KEY}"}},
+            {"tool": "diagnose_instance", "args": {"instance_id": "v-1"}},
+            {"tool": "stop_instance", "args": {"instance_id": KEY, "reason": "x"}},
+            verdict(),
+        ])
+    stored = [MemoryFact.objects.values_list("value", flat=True), Alert.objects.values_list("message", "key"),
+              SideEffect.objects.values_list("instance_ref", "args"), Diagnosis.objects.values_list("evidence", "cause")]
+    assert Diagnosis.objects.exists() and MemoryFact.objects.exists() and Alert.objects.filter(kind="escalation").exists()
+    for rows in stored:
+        assert KEY not in str(list(rows))

@@ -24,6 +24,14 @@ from tests.subprocs import BIN, ROOT, free_port, manage
         ("WARDEN_DWELL_MIN", "fifteen"),
         ("WARDEN_OBSERVE_INTERVAL_S", "5m"),
         ("WARDEN_EMBEDDED_REDIS_PORT", "six"),
+        # values that parse but would switch a guard off
+        ("WARDEN_MAX_DPH", "nan"),
+        ("WARDEN_MAX_DPH", "inf"),
+        ("WARDEN_DWELL_MIN", "-5"),
+        ("WARDEN_HOLD_OFF_MIN", "-100"),
+        ("WARDEN_HEARTBEAT_S", "0"),
+        ("WARDEN_PROVIDER", "banana"),
+        ("WARDEN_DEMAND_SOURCE", "somewhere"),
     ],
 )
 def test_malformed_setting_is_one_line_naming_it(setting, value, tmp_path):
