@@ -10,97 +10,22 @@ planner) in this process: a P1 and a P2 launch in one batch (policy: approval).
 """
 
 import json
-import os
-import shutil
-import subprocess
-import tempfile
 import time
-import uuid
 from pathlib import Path
 
 import pytest
-from channels.testing import ChannelsLiveServerTestCase
-from django.conf import settings
-from django.contrib.auth.models import Group, User
-from django.db import connections
-from django.test.utils import override_settings
 
 from agent.loop import run_cycle
 from agent.models import Approval, Run
 from agent.planners.script import ScriptPlanner
 from fleet.models import Instance
-from tests.console_support import purge_broker
-from tests.fleet_support import clear_harmony, kill_recorded_worker
-from tests.subprocs import BIN, ROOT, test_db_env
-
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
-PREFIX = f"warden-test-{uuid.uuid4().hex[:8]}"
-WARDEN = {**settings.WARDEN, "PROVIDER": "local", "DEMAND_SOURCE": "local", "STARTUP_GRACE_S": 0, "HEARTBEAT_S": 1,
-          "PROOF_SECONDS": 1.0, "STOP_GRACE_S": 2.0}
+from tests.browser_support import CHROMIUM, CHROMIUM_ARGS, FleetBrowserTestCase
 
 
 @pytest.mark.browser
 @pytest.mark.integration
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs /usr/bin/chromium")
-class TestApprovalsInABrowser(ChannelsLiveServerTestCase):
-    databases = {"default", "harmony"}
-
-    @classmethod
-    def setUpClass(cls):
-        settings.DATABASES["default"]["TEST"]["NAME"] = settings.DATABASES["default"]["NAME"]
-        layers = {"default": {**settings.CHANNEL_LAYERS["default"],
-                              "CONFIG": {**settings.CHANNEL_LAYERS["default"]["CONFIG"], "prefix": PREFIX}}}
-        cls.var_dir = Path(tempfile.mkdtemp(prefix="warden-browser-approvals-"))
-        cls._overrides = override_settings(CHANNEL_LAYERS=layers, VAR_DIR=cls.var_dir, WARDEN=WARDEN)
-        cls._overrides.enable()
-        connections.close_all()  # the server process is forked: share no open connection
-        super().setUpClass()
-
-    @classmethod
-    def tearDownClass(cls):
-        super().tearDownClass()
-        cls._overrides.disable()
-        shutil.rmtree(cls.var_dir, ignore_errors=True)
-
-    def setUp(self):
-        alice = User.objects.create_user("alice", password="alice-pass-1")
-        alice.groups.add(Group.objects.get_or_create(name="operators")[0])
-        clear_harmony()
-        purge_broker()
-        self.worker = None
-
-    def tearDown(self):
-        from fleet.providers.local import LocalProvider
-
-        if self.worker is not None:
-            self.worker.terminate()
-            try:
-                self.worker.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.worker.kill()
-        provider = LocalProvider()
-        for meta in sorted((self.var_dir / "workers").glob("local-*.json")):
-            if not meta.name.endswith(".run.json"):
-                try:
-                    provider.destroy(meta.name[: -len(".json")])
-                except Exception:  # noqa: BLE001 — never leave a worker process behind
-                    kill_recorded_worker(meta.with_name(meta.name[: -len(".json")] + ".run.json"))
-        clear_harmony()
-        purge_broker()
-
-    def start_celery_worker(self) -> None:
-        env = {**os.environ, **test_db_env(), "WARDEN_CHANNEL_PREFIX": PREFIX, "WARDEN_VAR_DIR": str(self.var_dir),
-               "WARDEN_PROVIDER": "local", "WARDEN_DEMAND_SOURCE": "local", "WARDEN_STARTUP_GRACE_S": "0",
-               "DJANGO_SETTINGS_MODULE": "console.settings"}
-        self.worker = subprocess.Popen(
-            [str(BIN / "celery"), "-A", "console", "worker", "-Q", settings.CELERY_TASK_DEFAULT_QUEUE,
-             "--pool", "solo", "--without-mingle", "--without-gossip", "-n", f"approvals-{PREFIX}@%h",
-             "--loglevel", "WARNING"],
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=open(self.var_dir / "celery.log", "w"),
-        )
-
+class TestApprovalsInABrowser(FleetBrowserTestCase):
     def park_two_launches(self) -> tuple[Run, Approval, Approval]:
         run = run_cycle("operator", planner=ScriptPlanner([{"parallel": [
             {"tool": "launch_instance", "args": {"gpu_name": "local-cpu", "launch_priority": "P1", "reason": "queue is growing"}},

@@ -16,40 +16,22 @@ park ``stop_instance`` for it.
 """
 
 import json
-import os
 import re
-import shutil
-import subprocess
-import tempfile
 import time
-import uuid
 from datetime import timedelta
 from pathlib import Path
 
 import psutil
 import pytest
-from channels.testing import ChannelsLiveServerTestCase
-from django.conf import settings
-from django.contrib.auth.models import Group, User
-from django.db import connections
-from django.test.utils import override_settings
 from django.utils import timezone
 
 from agent.models import Approval, AuditLog, Run, SideEffect, Step
 from fleet.models import Diagnosis, Instance
-from tests.console_support import purge_broker
-from tests.fleet_support import clear_harmony, kill_recorded_worker, machine_of, wait_for
-from tests.subprocs import BIN, ROOT, test_db_env
+from tests.browser_support import CHROMIUM, CHROMIUM_ARGS, FleetBrowserTestCase
+from tests.fleet_support import machine_of, wait_for
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
-PREFIX = f"warden-test-{uuid.uuid4().hex[:8]}"
 DWELL_MIN = 0.1  # 6 s: longer than one cycle takes, so the first cycle cannot retire anything
 HOLD_OFF_MIN = 0.05  # 3 s after the launch
-WARDEN = {**settings.WARDEN, "PROVIDER": "local", "DEMAND_SOURCE": "local", "STARTUP_GRACE_S": 0, "HEARTBEAT_S": 1,
-          "PROOF_SECONDS": 1.0, "STOP_GRACE_S": 5.0, "DWELL_MIN": DWELL_MIN, "HOLD_OFF_MIN": HOLD_OFF_MIN,
-          "UNATTENDED": False}
 STOP_CARD = '#approvals article.approval:has(code.tool:text-is("stop_instance"))'
 TRACE_ROWS = """() => Array.from(document.querySelectorAll('#run-trace tr.step')).map(tr => ({
     seq: Number(tr.cells[0].innerText.trim()),
@@ -70,64 +52,10 @@ def _process_ended(pid: int) -> bool:
 @pytest.mark.browser
 @pytest.mark.integration
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs /usr/bin/chromium")
-class TestIdleStopInABrowser(ChannelsLiveServerTestCase):
-    databases = {"default", "harmony"}
-
-    @classmethod
-    def setUpClass(cls):
-        # the daphne child re-derives the test database name; give it the one already in use
-        settings.DATABASES["default"]["TEST"]["NAME"] = settings.DATABASES["default"]["NAME"]
-        layers = {"default": {**settings.CHANNEL_LAYERS["default"],
-                              "CONFIG": {**settings.CHANNEL_LAYERS["default"]["CONFIG"], "prefix": PREFIX}}}
-        cls.var_dir = Path(tempfile.mkdtemp(prefix="warden-browser-idle-stop-"))
-        cls._overrides = override_settings(CHANNEL_LAYERS=layers, VAR_DIR=cls.var_dir, WARDEN=WARDEN)
-        cls._overrides.enable()
-        connections.close_all()  # the server process is forked: share no open connection
-        super().setUpClass()
-
-    @classmethod
-    def tearDownClass(cls):
-        super().tearDownClass()
-        cls._overrides.disable()
-        shutil.rmtree(cls.var_dir, ignore_errors=True)
-
-    def setUp(self):
-        alice = User.objects.create_user("alice", password="alice-pass-1")
-        alice.groups.add(Group.objects.get_or_create(name="operators")[0])
-        clear_harmony()
-        purge_broker()
-        self.worker = None
-
-    def tearDown(self):
-        from fleet.providers.local import LocalProvider
-
-        if self.worker is not None:
-            self.worker.terminate()
-            try:
-                self.worker.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.worker.kill()
-        provider = LocalProvider()
-        for meta in sorted((self.var_dir / "workers").glob("local-*.json")):
-            if not meta.name.endswith(".run.json"):
-                try:
-                    provider.destroy(meta.name[: -len(".json")])
-                except Exception:  # noqa: BLE001 — never leave a worker process behind
-                    kill_recorded_worker(meta.with_name(meta.name[: -len(".json")] + ".run.json"))
-        clear_harmony()
-        purge_broker()
-
-    def start_celery_worker(self) -> None:
-        env = {**os.environ, **test_db_env(), "WARDEN_CHANNEL_PREFIX": PREFIX, "WARDEN_VAR_DIR": str(self.var_dir),
-               "WARDEN_PROVIDER": "local", "WARDEN_DEMAND_SOURCE": "local", "WARDEN_STARTUP_GRACE_S": "0",
-               "WARDEN_DWELL_MIN": str(DWELL_MIN), "WARDEN_HOLD_OFF_MIN": str(HOLD_OFF_MIN),
-               "WARDEN_STOP_GRACE_S": "5", "WARDEN_UNATTENDED": "0", "DJANGO_SETTINGS_MODULE": "console.settings"}
-        self.worker = subprocess.Popen(
-            [str(BIN / "celery"), "-A", "console", "worker", "-Q", settings.CELERY_TASK_DEFAULT_QUEUE,
-             "--pool", "solo", "--without-mingle", "--without-gossip", "-n", f"idle-stop-{PREFIX}@%h",
-             "--loglevel", "WARNING"],
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=open(self.var_dir / "celery.log", "w"),
-        )
+class TestIdleStopInABrowser(FleetBrowserTestCase):
+    warden = {"STOP_GRACE_S": 5.0, "DWELL_MIN": DWELL_MIN, "HOLD_OFF_MIN": HOLD_OFF_MIN, "UNATTENDED": False}
+    worker_env = {"WARDEN_DWELL_MIN": str(DWELL_MIN), "WARDEN_HOLD_OFF_MIN": str(HOLD_OFF_MIN),
+                  "WARDEN_STOP_GRACE_S": "5", "WARDEN_UNATTENDED": "0"}
 
     def celery_log(self) -> str:
         try:
