@@ -31,14 +31,11 @@ def run_monitor(tc) -> int:
             execute(tc, step, TOOLS[act.tool], act.args, key)
         finally:
             tc.actor = prev_actor
-    if actions:
-        tc.world.set_instances([i for i in tc.world.instances if _alive(i)])
+    if actions:  # one query: what the monitor destroyed is gone from the cycle's view
+        from fleet.models import Instance
+
+        tc.world.set_instances(list(Instance.objects.filter(pk__in=[i.pk for i in tc.world.instances], killed_at__isnull=True)))
     return len(actions)
-
-
-def _alive(inst) -> bool:
-    inst.refresh_from_db()
-    return inst.killed_at is None
 
 
 def monitor_tick() -> int | None:
