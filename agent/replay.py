@@ -312,18 +312,21 @@ class Scenario(_Strict):
     @field_validator("objectives")
     @classmethod
     def _objective_keys(cls, v: dict) -> dict:
+        from agent.actions import OverrideError, validate_overrides
         from agent.policy import DEFAULT_LIMITS
 
         allowed = OBJECTIVE_KEYS | set(DEFAULT_LIMITS)
-        for key, value in v.items():
+        for key in v:
             if key not in allowed:
                 raise ValueError(f"unknown objective {key!r}; known: {', '.join(sorted(allowed))}")
-            values = value if isinstance(DEFAULT_LIMITS.get(key), list) else [value]
-            if isinstance(DEFAULT_LIMITS.get(key), list) and (not isinstance(value, list) or len(value) != len(DEFAULT_LIMITS[key])):
-                raise ValueError(f"objective {key!r} must be a list like {DEFAULT_LIMITS[key]}")
-            for x in values:
-                if isinstance(x, bool) or not isinstance(x, int | float) or x != x or x in (float("inf"), float("-inf")) or x < 0:
-                    raise ValueError(f"objective {key!r} must be a finite number ≥ 0 (got {x!r})")
+        target = v.get("target_proofs_hr", 0)
+        if isinstance(target, bool) or not isinstance(target, int | float) or not 0 <= target < 1e9:
+            raise ValueError(f"objective 'target_proofs_hr' must be a number ≥ 0 (got {target!r})")
+        # the same ranges the settings page enforces (agent.actions.LIMIT_RANGES)
+        try:
+            validate_overrides({}, {k: x for k, x in v.items() if k != "target_proofs_hr"})
+        except OverrideError as exc:
+            raise ValueError(f"objective {exc.field.removeprefix('limits.')!r}: {exc.message}") from None
         return v
 
     @field_validator("policy")

@@ -397,9 +397,10 @@ def test_values_that_would_make_an_expectation_meaningless_or_crash_are_file_err
         (variant(expect={"never_executed": ["stop_instanse"]}), "unknown tool 'stop_instanse'"),
         (variant(expect={"halt": "banana"}), "unknown halt code 'banana'"),
         (variant(expect={"alerts": ["bananas"]}), "unknown alert kind 'bananas'"),
-        (variant(objectives={"max_steps": "abc"}), "objective 'max_steps' must be a finite number"),
-        (variant(objectives={"max_instances": -5}), "objective 'max_instances' must be a finite number"),
-        (variant(objectives={"launch_rate": 3}), "objective 'launch_rate' must be a list"),
+        (variant(objectives={"max_steps": "abc"}), "objective 'max_steps'"),
+        (variant(objectives={"max_instances": -5}), "objective 'max_instances'"),
+        (variant(objectives={"launch_rate": 3}), "objective 'launch_rate'"),
+        (variant(objectives={"target_proofs_hr": "fast"}), "objective 'target_proofs_hr'"),
         (variant(fleet=[{**BASE["fleet"][0], "provider": "SSH"}]), "fleet[0].provider"),
         (variant(fleet=[{**BASE["fleet"][0], "actual_status": "banana"}]), "fleet[0].actual_status"),
     ]
