@@ -17,6 +17,7 @@ from fleet.demand import DemandReading, read_demand
 from fleet.events import emit
 from fleet.models import DemandSample, Diagnosis, Instance
 from fleet.providers import ProviderError
+from fleet.secrets import redact
 
 
 def _transient(exc: BaseException) -> bool:
@@ -139,7 +140,7 @@ def read_and_record_demand(instances) -> DemandReading:
     DemandSample.objects.create(
         taken_at=reading.taken_at or clock.now(),
         state=reading.state,
-        error=reading.error[:2000],
+        error=redact(reading.error)[:2000],
         queued=reading.queued,
         running=reading.running,
         workers_expected=reading.workers_expected,

@@ -12,6 +12,7 @@ from fleet.clock import clock
 from fleet.events import emit
 from fleet.models import Instance
 from fleet.providers import get_provider
+from fleet.secrets import redact
 
 #: an instance this young may not be listed yet (provider lag): never marked vanished
 VANISH_GRACE = timedelta(minutes=10)
@@ -38,6 +39,7 @@ def _fields(p) -> dict:
     for f in ("status_msg", "gpu_name", "ssh_host", "log_path", "worker_name", "intended_status"):
         values[f] = values[f] or ""
     values["intended_status"] = values["intended_status"] or "running"
+    values["status_msg"] = redact(values["status_msg"])  # provider text is never stored with secrets
     return values
 
 
