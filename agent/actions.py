@@ -134,7 +134,7 @@ def do_instance_action(inst, action: str, *, actor: str, reason: str = "") -> No
     before = _inst_state(inst)
     now = clock.now()
     getattr(provider, action)(inst.external_id)
-    fields = ["status", "intended_status", "status_since"]
+    fields = ["status", "intended_status", "status_since", "pid", "exit_code"]
     if action == "stop":
         inst.intended_status, inst.status = "stopped", "stopped"
     elif action == "resume":
@@ -145,10 +145,16 @@ def do_instance_action(inst, action: str, *, actor: str, reason: str = "") -> No
         inst.intended_status = "destroyed"
         inst.destroy_requested_at = now
         fields.append("destroy_requested_at")
-        try:
-            confirmed = inst.external_id not in {pi.external_id for pi in provider.list_instances()}
-        except Exception:  # noqa: BLE001 — unconfirmed; the monitor re-checks
-            confirmed = False
+    # a re-list says what the action did (and confirms a destroy: autoscalers.md rule 9)
+    try:
+        listed = {pi.external_id: pi for pi in provider.list_instances()}
+    except Exception:  # noqa: BLE001 — unconfirmed; the next sync and the monitor re-check
+        listed = None
+    if listed is not None and action != "destroy" and inst.external_id in listed:
+        seen = listed[inst.external_id]
+        inst.status, inst.pid, inst.exit_code = seen.status, seen.pid, seen.exit_code
+    if action == "destroy":
+        confirmed = listed is not None and inst.external_id not in listed
         if confirmed:
             inst.killed_at, inst.killed_by, inst.kill_reason = now, actor, reason or "destroyed"
             inst.status = "destroyed"

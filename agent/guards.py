@@ -83,13 +83,16 @@ def _launch_price(args: dict) -> float:
 
 
 def check(tool: str, args: dict, key: str, world, *, batch_prior: list[tuple[str, dict]] = (), actor: str = "agent",
-          override: set[str] = frozenset(), batch_launched: set[str] = frozenset()) -> Refusal | None:
+          override: set[str] = frozenset(), batch_launched: set[str] = frozenset(),
+          batch_keys: set[str] = frozenset()) -> Refusal | None:
     """The first refusal for ``tool(args)``, or ``None`` when every guard passes.
 
     ``key`` is the runtime's idempotency key; ``batch_prior`` the (tool, args) of calls earlier
     in the same batch that passed; ``override`` the guard codes an operator overrode with a
     typed reason (only ``demand_guard`` and ``hold_off`` may be overridden); ``batch_launched``
-    the instances launched by earlier calls of the same batch (they are not "pending" for it).
+    the instances launched by earlier calls of the same batch (they are not "pending" for it);
+    ``batch_keys`` the keys of approvals parked by the same batch (identical launches of one batch
+    are several workers wanted, not duplicates of each other).
     Raises nothing for bad ids: an unknown instance is left to the tool (it errors ``not_found``).
     """
     from agent.tools import TOOLS
@@ -106,7 +109,7 @@ def check(tool: str, args: dict, key: str, world, *, batch_prior: list[tuple[str
         if spec.instance_arg and any(t == tool and canonical_json(a) == canon for t, a in batch_prior):
             return Refusal("duplicate", "the same action is already in this batch")
         for a in Approval.objects.filter(status="waiting", tool=tool):
-            if canonical_json(a.args) == canon and a.idempotency_key != key:
+            if canonical_json(a.args) == canon and a.idempotency_key != key and a.idempotency_key not in batch_keys:
                 return Refusal("duplicate", f"the same action already waits for approval (approval {a.pk})")
 
     # priority_required

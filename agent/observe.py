@@ -53,6 +53,7 @@ class World:
     def __init__(self, instances: list[Instance], demand: DemandReading, limits: Limits, policy: dict):
         self.instances = list(instances)
         self.demand = demand
+        self.observed = demand  # what the cycle's observation recorded (guards may re-read ``demand``)
         self.limits = limits
         self.policy = policy
         self.provider_error = ""

@@ -354,8 +354,9 @@ def dispatch_approved(tc, approval: Approval) -> Step:
     step = approval.step
     args = dict(approval.args)
     spec = TOOLS[approval.tool]
+    siblings = set(Approval.objects.filter(run_id=step.run_id, step__turn=step.turn).values_list("idempotency_key", flat=True))
     refusal = guard_check(approval.tool, args, approval.idempotency_key, tc.world, actor=tc.actor,
-                          batch_launched=_launched_by_siblings(step))
+                          batch_launched=_launched_by_siblings(step), batch_keys=siblings)
     if refusal is not None:
         _finish(step, "refused", refusal.code, f"approved, but refused at dispatch: {refusal.detail}", ok=False)
         Approval.objects.filter(pk=approval.pk).update(status="void", outcome_detail=f"{refusal.code}: {refusal.detail}")

@@ -4,13 +4,20 @@ from celery import shared_task
 from django.db import transaction
 
 
-@shared_task(name="agent.tasks.observe_cycle", acks_late=True)
-def observe_cycle(trigger: str = "heartbeat", message: str | None = None, actor: str = "system"):
-    """Run one observe cycle; returns the run number, or None when another run held the lock."""
+@shared_task(name="agent.tasks.observe_cycle", bind=True, acks_late=True, max_retries=10)
+def observe_cycle(self, trigger: str = "heartbeat", message: str | None = None, actor: str = "system"):
+    """Run one observe cycle; returns the run number. Retried shortly while another run (the
+    monitor, say) holds the lock, so a heartbeat is late by seconds, not skipped."""
     from agent.loop import run_cycle
 
-    run = run_cycle(trigger, message=message, actor=actor)
-    return run.number if run else None
+    if message:  # stored once; a retry finds it waiting in its queued run
+        from agent.actions import do_post_message
+
+        do_post_message(message, actor)
+    run = run_cycle(trigger, actor=actor)
+    if run is None:
+        raise self.retry(args=(trigger, None, actor), countdown=3)
+    return run.number
 
 
 @shared_task(name="agent.tasks.resume", bind=True, acks_late=True)

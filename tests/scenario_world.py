@@ -35,6 +35,8 @@ def scenario_world(fleet: list[dict], demand: dict, *, policy: dict | None = Non
     state = SessionState.get()
     state.overrides = {"policy": policy or {}}
     state.objectives = objectives or {}
+    if "target_proofs_hr" in state.objectives:  # the target lives on the anchor, as in replay
+        state.target_proofs_hr = state.objectives["target_proofs_hr"]
     state.save()
     provider = ScenarioProvider(fleet=fleet, name=provider_name)
     providers.set_override(provider)

@@ -27,6 +27,15 @@ from fleet.clock import clock
 from fleet.models import PENDING_STATUSES
 
 
+def recently_rejected(tool: str, minutes: float) -> set[str]:
+    """Instance ids an operator rejected ``tool`` for in the last ``minutes``."""
+    from agent.models import Approval
+
+    since = clock.now() - timedelta(minutes=minutes)
+    rows = Approval.objects.filter(tool=tool, status="rejected", decided_at__gte=since).values_list("args", flat=True)
+    return {a.get("instance_id") for a in rows if isinstance(a, dict)}
+
+
 def _verdict(action: bool, changed: bool) -> str:
     return f'<verdict>{{"action": {str(action).lower()}, "state_changed": {str(changed).lower()}}}</verdict>'
 
@@ -138,7 +147,10 @@ class RulesPlanner(Planner):
 
     def retire_turn(self, world) -> Turn:
         calls = []
+        rejected = recently_rejected("stop_instance", minutes=max(world.limits.dwell_min, world.limits.hold_off_min))
         for inst in self._retire_candidates(world):
+            if inst.external_id in rejected:
+                continue  # an operator said no: not asked again before the dwell has passed again
             diag = world.fresh_diagnosis(inst)
             if diag is not None and diag.health == "healthy":
                 calls.append(Proposal("stop_instance", {
@@ -171,8 +183,8 @@ class RulesPlanner(Planner):
 
     def final_turn(self, ctx) -> Turn:
         done = [s for s in ctx.call_steps() if s.outcome in ("executed", "approved_executed")]
+        d = ctx.world.observed  # report the numbers the run's observation holds (entailment)
         side = [s for s in done if s.tool in ("launch_instance", "stop_instance", "destroy_instance", "reboot_instance", "resume_instance")]
-        d = ctx.world.demand
         parts = [] if d.state == "ok" else [f"Demand is {d.state}: no scale-down until it reads ok."]
         if ctx.world.provider_error:
             parts.append(f"The fleet could not be read ({ctx.world.provider_error}); nothing was changed.")

@@ -92,3 +92,11 @@ def join_list(value) -> str:
     if isinstance(value, list | tuple):
         return ", ".join(str(v) for v in value)
     return str(value)
+
+
+@register.filter
+def without_verdict(text: str) -> str:
+    """The planner's answer without its machine-readable ``<verdict>{…}</verdict>`` block."""
+    import re
+
+    return re.sub(r"\s*<verdict>.*?</verdict>\s*", " ", text or "", flags=re.S).strip()
