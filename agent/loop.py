@@ -187,7 +187,7 @@ def resume_run(run: Run, *, planner=None) -> Run:
         run.save(update_fields=["status"])
         emit("runs-changed", "approvals-changed")
         tc.turn_index = tc.breakers.turns
-        _drive(tc, planner or _planner_for(run))
+        _drive(tc, planner or default_planner())
         return run
     except Exception as exc:
         _fail(run, exc)
@@ -201,10 +201,6 @@ def _decided(step: Step, outcome: str, code: str, detail: str) -> None:
     step.observation = f"ok: false — {code}: {redact(detail)}"
     step.ok = False
     step.save(update_fields=["outcome", "reason_code", "detail", "observation", "ok"])
-
-
-def _planner_for(run: Run):
-    return default_planner()
 
 
 def _json(obj) -> str:

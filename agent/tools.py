@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agent.models import MemoryFact
 from fleet.clock import clock
-from fleet.models import Alert, Instance
+from fleet.models import Instance
 from fleet.secrets import redact
 
 
@@ -280,10 +280,3 @@ TOOLS: dict[str, Tool] = {
 #: tools a planner may call (internal fallbacks are not)
 PUBLIC_TOOLS = sorted(name for name, t in TOOLS.items() if not t.extra.get("internal"))
 
-
-def open_alerts_view() -> list[dict]:
-    """Firing alerts as the agent sees them."""
-    return [
-        {"kind": a.kind, "severity": a.severity, "message": a.message}
-        for a in Alert.objects.filter(state="firing").order_by("-raised_at")[:20]
-    ]
