@@ -8,84 +8,28 @@ mode so the cycle launches nothing.
 """
 
 import json
-import os
-import subprocess
-import tempfile
-import uuid
 from pathlib import Path
 
 import pytest
-from channels.testing import ChannelsLiveServerTestCase
-from django.conf import settings
-from django.contrib.auth.models import Group, User
-from django.db import connections
-from django.test.utils import override_settings
 from django.utils import timezone
 
 from agent.models import Run, SessionState
 from fleet.models import Instance
-from tests.console_support import purge_broker
-from tests.subprocs import BIN, ROOT, test_db_env
-
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
-PREFIX = f"warden-test-{uuid.uuid4().hex[:8]}"
+from tests.browser_support import CHROMIUM, CHROMIUM_ARGS, FleetBrowserTestCase
 
 
 @pytest.mark.browser
 @pytest.mark.integration
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs /usr/bin/chromium")
-class TestConsoleInABrowser(ChannelsLiveServerTestCase):
-    databases = {"default", "harmony"}
-
-    @classmethod
-    def setUpClass(cls):
-        # the daphne child re-derives the test database name; give it the one already in use
-        settings.DATABASES["default"]["TEST"]["NAME"] = settings.DATABASES["default"]["NAME"]
-        layers = {"default": {**settings.CHANNEL_LAYERS["default"],
-                              "CONFIG": {**settings.CHANNEL_LAYERS["default"]["CONFIG"], "prefix": PREFIX}}}
-        cls._layers = override_settings(CHANNEL_LAYERS=layers)
-        cls._layers.enable()
-        connections.close_all()  # the server process is forked: share no open connection
-        super().setUpClass()
-
-    @classmethod
-    def tearDownClass(cls):
-        super().tearDownClass()
-        cls._layers.disable()
-
+class TestConsoleInABrowser(FleetBrowserTestCase):
     def setUp(self):
-        alice = User.objects.create_user("alice", password="alice-pass-1")
-        alice.groups.add(Group.objects.get_or_create(name="operators")[0])
+        super().setUp()
         now = timezone.now()
         Instance.objects.create(provider="local", external_id="local-7", label="browser-worker", status="running",
                                 status_since=now, created_at=now, gpu_name="RTX 4090")
         state = SessionState.get()
         state.observe_only = True  # the cycle proposes; nothing executes
         state.save()
-        purge_broker()
-        self.var_dir = tempfile.mkdtemp(prefix="warden-browser-")
-        self.worker = None
-
-    def tearDown(self):
-        if self.worker is not None:
-            self.worker.terminate()
-            try:
-                self.worker.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.worker.kill()
-        purge_broker()
-
-    def start_celery_worker(self) -> None:
-        env = {**os.environ, **test_db_env(), "WARDEN_CHANNEL_PREFIX": PREFIX, "WARDEN_VAR_DIR": self.var_dir,
-               "DJANGO_SETTINGS_MODULE": "console.settings"}
-        self.worker = subprocess.Popen(
-            [str(BIN / "celery"), "-A", "console", "worker", "-Q", settings.CELERY_TASK_DEFAULT_QUEUE,
-             "--pool", "solo", "--without-mingle", "--without-gossip", "-n", f"browser-{PREFIX}@%h",
-             "--loglevel", "WARNING"],
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=open(Path(self.var_dir) / "celery.log", "w"),
-        )
 
     def test_it_shows_a_new_run_without_a_reload(self):
         from playwright.sync_api import sync_playwright
