@@ -417,7 +417,7 @@ def demo_kill(request: HtmxHttpRequest) -> HttpResponse:
     if inst is None:
         return _flash_response(request, False, "no running local worker to kill", status_on_error=409)
     do_audit(actor_of(request), "demo_kill_worker", inst.external_id, "SIGKILL from the console", None, {"pid": inst.pid})
-    return _flash_response(request, True, f"sent SIGKILL to worker {inst.label or inst.external_id} (pid {inst.pid})", topics=("fleet-changed",))
+    return _flash_response(request, True, f"sent SIGKILL to worker {inst.external_id} (pid {inst.pid})", topics=("fleet-changed",))
 
 
 # --- health ----------------------------------------------------------------------------------

@@ -73,6 +73,6 @@ def test_it_kills_a_real_worker_with_sigkill(client, alice, local_fleet):
                          for i in sync_instances(local_fleet)), what="worker running")
     client.force_login(alice)
     html = client.post("/actions/demo/kill/", headers=HX).content.decode()
-    assert "sent SIGKILL to worker victim" in html
+    assert f"sent SIGKILL to worker {launched.external_id}" in html
     inst = Instance.objects.get(external_id=launched.external_id)
     assert inst.status == "exited" and inst.exit_code == -9
