@@ -14,6 +14,7 @@ import functools
 import json
 import logging
 import uuid
+from datetime import timedelta
 
 from django.conf import settings
 from django.contrib import messages
@@ -115,9 +116,11 @@ def demand_context() -> dict:
 def cards_context() -> dict:
     """Summary cards: target and current proofs/hr, queue, workers, $/hr, instance counts."""
     state = SessionState.get()
+    grace_start = clock.now() - timedelta(seconds=settings.WARDEN["STARTUP_GRACE_S"])
     fleet = Instance.objects.filter(killed_at__isnull=True).aggregate(
         live=Count("id"),
         running=Count("id", filter=Q(status="running")),
+        starting=Count("id", filter=Q(status="running", started_at__gt=grace_start)),
         dph=Sum("dph", filter=Q(status__in=BILLABLE_STATUSES)),
     )
     ctx = demand_context()

@@ -169,3 +169,12 @@ def test_a_fresh_good_read_is_not_stale(client, alice, settings):
                                 workers_expected=1, workers_live=1, workers_dead=0)
     client.force_login(alice)
     assert "demand: OK" in client.get("/").content.decode()
+
+
+def test_it_says_how_many_workers_are_still_in_their_startup_grace(client, alice, settings):
+    settings.WARDEN = {**settings.WARDEN, "STARTUP_GRACE_S": 60}
+    make_instances(2, started_at=timezone.now())
+    DemandSample.objects.create(taken_at=timezone.now(), state="ok", queued=3, running=2, workers_expected=0,
+                                workers_live=0, workers_dead=0)
+    client.force_login(alice)
+    assert "2 starting (not yet expected)" in client.get("/").content.decode()
