@@ -174,6 +174,9 @@ def judge(evidence: dict, *, status: str, worker=None, reachable: bool = True) -
     missing = [cmd for cmd, e in evidence.items() if isinstance(e, dict) and e.get("rc") == 127]
     if missing:
         cause += f"; missing evidence (rc 127, command not found): {', '.join(missing)}"
+    if set(COMMANDS) <= set(missing) and worker is None:
+        # nothing answered and no heartbeat seen: no evidence is not evidence of health
+        return "degraded", "", "no evidence: every command was missing (rc 127) and no worker heartbeat is known"
     return "healthy", "", cause
 
 

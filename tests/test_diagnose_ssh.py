@@ -218,3 +218,14 @@ def test_diagnose_instance_through_the_cycle_stores_a_diagnosis_and_an_observati
     assert '"source": "ssh"' in step.observation
     d = Diagnosis.objects.get(instance=rented)
     assert (d.health, d.fault_class) == ("failed", "host")
+
+
+def test_no_evidence_at_all_is_not_a_healthy_verdict():
+    from fleet.diagnostics import COMMANDS, judge
+
+    nothing = {cmd: {"rc": 127, "out": "command not found"} for cmd in COMMANDS}
+    health, cls, cause = judge(nothing, status="running", worker=None)
+    assert health == "degraded" and cause.startswith("no evidence")
+    # one command answering is evidence enough for the rules judge
+    some = {**nothing, "uptime": {"rc": 0, "out": " 10:00:00 up 3 days"}}
+    assert judge(some, status="running", worker=None)[0] == "healthy"
