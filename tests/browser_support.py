@@ -93,3 +93,14 @@ class FleetBrowserTestCase(ChannelsLiveServerTestCase):
              "--loglevel", "WARNING"],
             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=open(self.var_dir / "celery.log", "w"),
         )
+
+    def log_in(self, browser, path: str, frames: list[str]):
+        """A new page logged in as alice at ``path``; every websocket frame it receives goes to ``frames``."""
+        page = browser.new_page()
+        page.on("websocket", lambda ws: ws.on("framereceived", lambda data: frames.append(str(data))))
+        page.goto(self.live_server_url + path)
+        page.fill("input[name=username]", "alice")
+        page.fill("input[name=password]", "alice-pass-1")
+        page.click("button[type=submit]")
+        page.wait_for_url(self.live_server_url + path)
+        return page

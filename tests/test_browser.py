@@ -39,13 +39,7 @@ class TestConsoleInABrowser(FleetBrowserTestCase):
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
             try:
-                page = browser.new_page()
-                page.on("websocket", lambda ws: ws.on("framereceived", lambda data: frames.append(str(data))))
-                page.goto(self.live_server_url + "/")
-                page.fill("input[name=username]", "alice")
-                page.fill("input[name=password]", "alice-pass-1")
-                page.click("button[type=submit]")
-                page.wait_for_url(self.live_server_url + "/")
+                page = self.log_in(browser, "/", frames)
 
                 # the fleet is there, and the live socket is up
                 page.wait_for_selector("#fleet >> text=browser-worker")

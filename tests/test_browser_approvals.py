@@ -46,13 +46,7 @@ class TestApprovalsInABrowser(FleetBrowserTestCase):
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
             try:
-                page = browser.new_page()
-                page.on("websocket", lambda ws: ws.on("framereceived", lambda data: frames.append(str(data))))
-                page.goto(self.live_server_url + "/approvals/")
-                page.fill("input[name=username]", "alice")
-                page.fill("input[name=password]", "alice-pass-1")
-                page.click("button[type=submit]")
-                page.wait_for_url(self.live_server_url + "/approvals/")
+                page = self.log_in(browser, "/approvals/", frames)
                 page.wait_for_selector('#live-pill[data-state="live"]', timeout=15_000)
                 a, r = f"#approval-{approve_me.pk}", f"#approval-{reject_me.pk}"
                 page.wait_for_selector(f"{a} >> text=waiting")

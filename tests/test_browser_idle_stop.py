@@ -89,13 +89,7 @@ class TestIdleStopInABrowser(FleetBrowserTestCase):
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
             try:
-                page = browser.new_page()
-                page.on("websocket", lambda ws: ws.on("framereceived", lambda data: frames.append(str(data))))
-                page.goto(self.live_server_url + "/")
-                page.fill("input[name=username]", "alice")
-                page.fill("input[name=password]", "alice-pass-1")
-                page.click("button[type=submit]")
-                page.wait_for_url(self.live_server_url + "/")
+                page = self.log_in(browser, "/", frames)
                 page.wait_for_selector('#live-pill[data-state="live"]', timeout=15_000)
                 page.wait_for_selector(f"#fleet >> text={iid}")
 
