@@ -36,3 +36,13 @@ def bob(db):
     group, _ = Group.objects.get_or_create(name="viewers")
     user.groups.add(group)
     return user
+
+
+@pytest.fixture
+def broker_queue():
+    """The test Celery queue, emptied before and after the test (tests read what reached it)."""
+    from tests.console_support import purge_broker
+
+    purge_broker()
+    yield
+    purge_broker()

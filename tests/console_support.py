@@ -1,20 +1,11 @@
-"""Helpers for the console tests: read what reached the Celery broker, capture change topics.
-
-``ensure_start_cycle()`` is a stand-in used ONLY while ``agent.tasks`` is not written yet: it
-installs a module whose ``start_cycle`` publishes ``agent.tasks.observe_cycle`` to the broker after
-commit, exactly as the contract says the real one does. With the real module present it does
-nothing.
-"""
+"""Helpers for the console tests: read what reached the Celery broker, capture change topics."""
 
 import base64
 import contextlib
 import json
-import sys
-import types
 
 import redis
 from django.conf import settings
-from django.db import transaction
 
 from fleet.events import changed
 
@@ -45,28 +36,6 @@ def broker_messages() -> list[dict]:
         args, kwargs, _embed = json.loads(body)
         out.append({"task": msg["headers"]["task"], "args": args, "kwargs": kwargs})
     return out
-
-
-def ensure_start_cycle() -> bool:
-    """Install the stand-in ``agent.tasks`` if the real one is missing. Returns True if it did."""
-    try:
-        import agent.tasks  # noqa: F401
-
-        return False
-    except ImportError:
-        pass
-    from console.celery import app
-
-    module = types.ModuleType("agent.tasks")
-
-    def start_cycle(trigger, message=None, actor="system"):
-        transaction.on_commit(
-            lambda: app.send_task("agent.tasks.observe_cycle", args=(trigger, message, actor), queue=queue_name())
-        )
-
-    module.start_cycle = start_cycle
-    sys.modules["agent.tasks"] = module
-    return True
 
 
 def cycle_messages(trigger: str) -> list[dict]:

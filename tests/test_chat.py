@@ -7,7 +7,7 @@ import pytest
 from django.utils import timezone
 
 from agent.models import Run, Step
-from tests.console_support import capture_topics, cycle_messages, ensure_start_cycle, purge_broker
+from tests.console_support import capture_topics, cycle_messages
 
 HX = {"HX-Request": "true"}
 
@@ -31,14 +31,6 @@ def broker_at(app, url: str):
             app._pool.force_close_all()
         app._pool, app.amqp._producer_pool = saved_pools
         app.conf.broker_url, app.conf.broker_transport_options = saved_conf
-
-
-@pytest.fixture
-def broker_queue():
-    ensure_start_cycle()
-    purge_broker()
-    yield
-    purge_broker()
 
 
 def test_it_stores_the_message_and_starts_a_chat_cycle(client, alice, broker_queue, django_capture_on_commit_callbacks):
@@ -82,7 +74,6 @@ def test_it_keeps_an_empty_message_out_and_explains(client, alice, broker_queue)
 @pytest.mark.django_db(transaction=True)
 def test_it_keeps_the_text_when_the_agent_cannot_be_started(client, alice, settings):
     """Redis (the broker) unreachable: the message is saved, the operator is told, nothing is lost."""
-    ensure_start_cycle()
     from console.celery import app
 
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",

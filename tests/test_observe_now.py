@@ -2,20 +2,10 @@
 
 import json
 
-import pytest
-
 from agent.models import AuditLog
-from tests.console_support import cycle_messages, ensure_start_cycle, purge_broker
+from tests.console_support import cycle_messages
 
 HX = {"HX-Request": "true"}
-
-
-@pytest.fixture
-def broker_queue():
-    ensure_start_cycle()
-    purge_broker()
-    yield
-    purge_broker()
 
 
 def test_it_enqueues_an_operator_cycle(client, alice, broker_queue, django_capture_on_commit_callbacks):
