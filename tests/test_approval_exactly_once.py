@@ -21,13 +21,6 @@ from tests.console_support import IDLE, park_stops, purge_broker, resume_message
 from tests.scenario_world import entry, scenario_world
 
 
-@pytest.fixture
-def broker_queue():
-    purge_broker()
-    yield
-    purge_broker()
-
-
 def _run_resume_tasks(planner) -> None:
     """Do what the worker does with each ``agent.tasks.resume`` message in the broker."""
     for m in resume_messages():
