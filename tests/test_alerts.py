@@ -5,7 +5,7 @@ The demand is read by the real HarmonyDemandSource from the test HarmonyDB; the 
 provider stands in for an external cloud.
 """
 
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import pytest
 from django.db import connections
@@ -15,50 +15,16 @@ from agent.models import Approval
 from agent.observe import observe
 from agent.planners.script import ScriptPlanner
 from agent.policy import effective_limits, effective_policy
-from fleet.clock import VirtualClock, clock, use_clock
+from fleet.clock import clock
 from fleet.harmony import HarmonyMachine, HarmonyMachineDetails
 from fleet.models import Alert, Instance
-from fleet.providers import set_override
-from fleet.providers.base import Provider, ProviderError, ProviderInstance
+from fleet.providers.base import ProviderError, ProviderInstance
+from tests import rented_cloud
 from tests.fleet_support import clear_harmony
 
-START = datetime(2026, 6, 9, 16, 50, tzinfo=UTC)
+vclock, cloud = rented_cloud.vclock, rented_cloud.cloud
+
 DB = pytest.mark.django_db(databases=["default", "harmony"])
-
-
-class RentedProvider(Provider):
-    """A stand-in cloud whose list can fail: ``fail`` is the ProviderError to raise, or None."""
-
-    name = "rented"
-
-    def __init__(self):
-        self.listed: dict[str, ProviderInstance] = {}
-        self.fail: ProviderError | None = None
-        self.calls = 0
-
-    def list_instances(self) -> list[ProviderInstance]:
-        self.calls += 1
-        if self.fail is not None:
-            raise self.fail
-        return list(self.listed.values())
-
-
-@pytest.fixture
-def vclock():
-    with use_clock(VirtualClock(START)) as vc:
-        yield vc
-
-
-@pytest.fixture
-def cloud(vclock, settings):
-    settings.WARDEN = {**settings.WARDEN, "PROVIDER": "rented", "DEMAND_SOURCE": "local", "STARTUP_GRACE_S": 60,
-                       "HEARTBEAT_S": 5}
-    provider = RentedProvider()
-    set_override(provider)
-    try:
-        yield provider
-    finally:
-        set_override(None)
 
 
 def add_running(cloud, ext: str) -> Instance:

@@ -10,7 +10,6 @@ and by every observe cycle (agent.loop.run_cycle), on virtual time.
 The "rented" provider stands in for an external cloud (fleet.providers.base.Provider).
 """
 
-from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -18,64 +17,18 @@ from agent.loop import run_cycle
 from agent.models import Approval, AuditLog, Run, SideEffect, Step
 from agent.monitor_runner import monitor_tick
 from agent.planners.script import ScriptPlanner
-from fleet.clock import VirtualClock, clock, use_clock
+from fleet.clock import clock
 from fleet.models import Alert, Instance
 from fleet.providers import set_override
-from fleet.providers.base import Provider, ProviderError, ProviderInstance
+from fleet.providers.base import ProviderError
+from tests import rented_cloud
+from tests.rented_cloud import RentedProvider
+
+vclock, cloud = rented_cloud.vclock, rented_cloud.cloud
 
 pytestmark = pytest.mark.django_db(databases=["default", "harmony"])
 
-START = datetime(2026, 6, 9, 16, 50, tzinfo=UTC)
 DONE = 'nothing else <verdict>{"action": false, "state_changed": false}</verdict>'
-
-
-class RentedProvider(Provider):
-    """A stand-in cloud. ``sticky`` ids stay listed after a destroy (the destroy is unconfirmed)."""
-
-    def __init__(self, name: str = "rented"):
-        self.name = name
-        self.listed: dict[str, ProviderInstance] = {}
-        self.destroyed: list[str] = []
-        self.sticky: set[str] = set()
-
-    def list_instances(self) -> list[ProviderInstance]:
-        return list(self.listed.values())
-
-    def destroy(self, external_id: str) -> None:
-        if external_id not in self.listed:
-            raise ProviderError(f"no_such_instance {external_id}", code="not_found")
-        self.destroyed.append(external_id)
-        if external_id not in self.sticky:
-            del self.listed[external_id]
-
-    def add(self, ext: str, status: str, *, age_min: float, status_age_min: float | None = None,
-            listed: bool = True, dph: float = 0.5) -> Instance:
-        """An instance we own a row for, created ``age_min`` ago, in ``status`` for ``status_age_min``."""
-        now = clock.now()
-        if listed:
-            self.listed[ext] = ProviderInstance(ext, status, gpu_name="RTX 4090", dph=dph, worker_name=ext)
-        return Instance.objects.create(
-            provider=self.name, external_id=ext, status=status, gpu_name="RTX 4090", dph=dph, worker_name=ext,
-            created_at=now - timedelta(minutes=age_min),
-            status_since=now - timedelta(minutes=age_min if status_age_min is None else status_age_min),
-        )
-
-
-@pytest.fixture
-def vclock():
-    with use_clock(VirtualClock(START)) as vc:
-        yield vc
-
-
-@pytest.fixture
-def cloud(vclock, settings):
-    settings.WARDEN = {**settings.WARDEN, "PROVIDER": "rented", "DEMAND_SOURCE": "local", "STARTUP_GRACE_S": 60}
-    provider = RentedProvider()
-    set_override(provider)
-    try:
-        yield provider
-    finally:
-        set_override(None)
 
 
 def monitor_steps(run_number=None):
