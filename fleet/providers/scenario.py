@@ -1,6 +1,6 @@
 """The ``scenario`` provider and SSH command runner: a fleet held in memory, taken from a replay file.
 
-Scenario replay (``python manage.py replay FILE.json``, ../shared/SCENARIOS.md) routes every
+Scenario replay (``python manage.py replay FILE.json``, docs/replay.md) routes every
 ``get_provider()`` to a :class:`ScenarioProvider` built from the file's ``fleet``, ``offers`` and
 ``provider_faults``. Its calls change only its in-memory state; nothing outside the process is
 touched. Faults make the next ``times`` requests to one call fail, from any caller (the observe
