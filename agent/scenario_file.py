@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 from collections import Counter
 from datetime import datetime
@@ -108,10 +109,10 @@ class FleetEntry(_Strict):
     provider: Literal["vastai", "ssh", "local", "scenario"] = "vastai"
     actual_status: ProviderStatus = "running"
     intended_status: Literal["running", "stopped", "destroyed"] = "running"
-    status_msg: str = ""
+    status_msg: str = Field(default="", max_length=10_000)
     age_min: Minutes = 60
     status_age_min: Minutes | None = None
-    gpu_name: str = ""
+    gpu_name: str = Field(default="", max_length=64)
     dph: Money = 0.0
     worker: WorkerSpec | None = None
     diagnosed_min_ago: Minutes | None = None
@@ -132,7 +133,7 @@ class Offer(_Strict):
     """One offer ``search_offers`` / ``launch_instance`` can find (an integer ``id`` is read as its digits)."""
 
     id: str
-    gpu_name: str = ""
+    gpu_name: str = Field(default="", max_length=64)
     dph: Money = 0.0
     machine_id: Count | None = None
 
@@ -301,9 +302,9 @@ class TimelineFleetEntry(_Strict):
     provider: Literal["vastai", "ssh", "local", "scenario"] | None = None
     actual_status: ProviderStatus | None = None
     intended_status: Literal["running", "stopped", "destroyed"] | None = None
-    status_msg: str | None = None
+    status_msg: str | None = Field(default=None, max_length=10_000)
     age_min: Minutes | None = None
-    gpu_name: str | None = None
+    gpu_name: str | None = Field(default=None, max_length=64)
     dph: Money | None = None
     worker: WorkerSpec | None = None
     ssh: SshSpec | None = None
@@ -569,24 +570,25 @@ def _constant(name: str):
     return _Bad(f"{name} is not a JSON number; give a finite number")
 
 
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_BRACKET = re.compile(r"[\[\]{}]")
+
+
 def _too_deep(text: str, limit: int = MAX_DEPTH) -> bool:
-    """Whether brackets nest deeper than ``limit`` (strings skipped); one pass, no recursion."""
-    depth, in_str, esc = 0, False, False
-    for ch in text:
-        if in_str:
-            if esc:
-                esc = False
-            elif ch == "\\":
-                esc = True
-            elif ch == '"':
-                in_str = False
-        elif ch == '"':
-            in_str = True
-        elif ch in "[{":
+    """Whether brackets nest deeper than ``limit`` (brackets inside strings do not count).
+
+    Linear: strings are cut out by an unrolled pattern (no backtracking), then only the bracket
+    characters are walked; no recursion, whatever the input.
+    """
+    if text.count("[") + text.count("{") <= limit:
+        return False
+    depth = 0
+    for m in _BRACKET.finditer(_STRING.sub("", text)):
+        if m.group() in "[{":
             depth += 1
             if depth > limit:
                 return True
-        elif ch in "]}":
+        else:
             depth -= 1
     return False
 
