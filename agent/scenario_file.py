@@ -61,6 +61,8 @@ OPERATIONS = ("launch", "stop", "resume", "reboot", "destroy", "list", "search")
 #: objective keys beyond the runtime limits of ``agent.policy.DEFAULT_LIMITS``
 OBJECTIVE_KEYS = {"target_proofs_hr", "max_instances", "max_dph", "dwell_min", "hold_off_min", "startup_grace_s"}
 #: lifecycle numbers a file may set (SCENARIOS.md terminal instances, claims, rejections, starvation)
+#: limits whose value is a list of numbers
+LIST_LIMITS = {"launch_rate", "repeat_reminders"}
 LIFECYCLE_KEYS = {"offline_grace_min", "provisioning_limit_min", "claim_max_age_min", "rejection_hold_min", "starve_min"}
 
 
@@ -412,6 +414,8 @@ def check_objectives(v: dict) -> dict:
     for key, value in v.items():
         if key not in allowed:
             raise ValueError(f"unknown objective {key!r}; known: {', '.join(sorted(allowed))}")
+        if isinstance(value, list) and key not in LIST_LIMITS:
+            raise ValueError(f"objective {key!r} must be a number, not a list")
         numbers = value if isinstance(value, list) else [value]
         for x in numbers:
             if isinstance(x, bool) or not isinstance(x, int | float):

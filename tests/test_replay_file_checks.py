@@ -94,6 +94,8 @@ def test_the_edges_of_the_ranges_are_accepted(tmp_path):
     (lambda d: d.update(objectives={"max_instances": True}), "objective 'max_instances' must be a number (got True"),
     (lambda d: d.update(objectives={"target_proofs_hr": "40"}), "objective 'target_proofs_hr' must be a number"),
     (lambda d: d["provider_faults"][0].update(times="2"), "provider_faults[0].times: Input should be a valid integer"),
+    (lambda d: d.update(objectives={"target_proofs_hr": [40]}), "objective 'target_proofs_hr' must be a number, not a list"),
+    (lambda d: d.update(objectives={"launch_rate": ["6", 600]}), "objective 'launch_rate' must be a number (got '6'"),
 ])
 def test_strings_and_booleans_are_not_numbers(tmp_path, mutate, problem):
     assert problem in _refused(tmp_path, json.dumps(_variant(mutate)))
