@@ -139,13 +139,15 @@ def setup_world(sc: Scenario, provider) -> None:
 
 def file_policy(policy: dict) -> dict:
     """The file's ``policy`` as overrides: naming ``TOOL`` replaces the product's default for every
-    key of that tool the file does not name (``launch_instance: approval`` also covers ``:P0``)."""
+    priority key of that tool the file does not name (``launch_instance: approval`` also covers
+    ``:P0``). ``TOOL:monitor`` keys are left alone: the monitor keeps its own default unless the
+    file names that key (``forbidden`` on ``TOOL`` binds it anyway, in the pipeline)."""
     from agent.policy import DEFAULT_POLICY
 
     out = dict(policy)
     for key in DEFAULT_POLICY:
         tool, _, qual = key.partition(":")
-        if qual and tool in policy and key not in policy:
+        if qual and qual != "monitor" and tool in policy and key not in policy:
             out[key] = policy[tool]
     return out
 

@@ -375,3 +375,27 @@ def test_the_json_report_carries_cycles_final_fleet_and_provider_requests():
     assert report["provider_requests"] == {"list": 2, "search": 1, "launch": 1, "stop": 0, "resume": 0, "reboot": 0,
                                            "destroy": 0}
     assert all("cycle" in e for e in report["steps"])
+
+
+def test_file_policy_expands_a_tool_over_its_priorities_but_not_the_monitor(monkeypatch):
+    from agent import policy
+    from agent.replay import file_policy
+
+    monkeypatch.setitem(policy.DEFAULT_POLICY, "destroy_instance:monitor", "auto")
+    out = file_policy({"launch_instance": "approval", "destroy_instance": "approval", "launch_instance:P1": "auto"})
+    assert out["launch_instance:P0"] == "approval" and out["launch_instance:P1"] == "auto"
+    assert "destroy_instance:monitor" not in out  # the monitor keeps its own default
+    assert file_policy({"destroy_instance:monitor": "approval"}) == {"destroy_instance:monitor": "approval"}
+
+
+def test_policy_keys_for_the_monitor_are_accepted_and_others_are_not(tmp_path):
+    data = _data("v2-fault-skip")
+    data["policy"] = {"destroy_instance:monitor": "approval", "stop_instance:monitor": "forbidden"}
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(data))
+    assert load_scenario(path)[0].policy["destroy_instance:monitor"] == "approval"
+    for key in ("stop_instance:P1", "destroy_instance:robot", "teleport:monitor"):
+        data["policy"] = {key: "auto"}
+        path.write_text(json.dumps(data))
+        with pytest.raises(ScenarioFileError, match=f"unknown policy key '{key}'"):
+            load_scenario(path)
