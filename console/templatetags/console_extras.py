@@ -97,6 +97,6 @@ def join_list(value) -> str:
 @register.filter
 def without_verdict(text: str) -> str:
     """The planner's answer without its machine-readable ``<verdict>{…}</verdict>`` block."""
-    import re
+    from agent.planners.base import without_verdicts
 
-    return re.sub(r"\s*<verdict>.*?</verdict>\s*", " ", text or "", flags=re.S).strip()
+    return without_verdicts(text, sep=" ", strip=True).strip()
