@@ -26,10 +26,11 @@ Not secrets, never redacted: hex runs under 64 digits (idempotency keys are 40 h
 keys 36, git commits 40, dashless UUIDs 32), instance ids (``v-123``, ``local-1``), GPU UUIDs
 (``GPU-xxxxxxxx-xxxx-…``), offer ids and ``sha256:`` digests.
 
-Cost: one left-to-right scan. Every pattern is free of nested or unbounded-then-failable
-repeats (only a trailing greedy repeat is unbounded, and it cannot fail once started), and each
-start is anchored so a run of letters is entered once; work is proportional to the input
-(``bench/redaction.py`` measures it, ``tests/test_regex_fuzz.py`` checks the shapes).
+Cost: one scan per shape, then the spans are merged. No pattern has a nested or an
+unbounded-then-failable repeat (only a trailing greedy repeat is unbounded, and it cannot fail
+once started), and token shapes start only where a run starts, so a run of letters is entered
+once: work is proportional to the input (``bench/redaction.py`` measures it,
+``tests/test_regex_fuzz.py`` bounds every pattern and fuzzes the redactor).
 """
 
 import logging
@@ -42,39 +43,53 @@ MARK = "[REDACTED]"
 #: characters of a log message kept after redaction (a 404 with a 1 MB path logs this much)
 LOG_CAP = 2000
 
-# one start per run: a shape never begins inside a run of the characters it is made of
-_KEY_CHARS = r"A-Za-z0-9_\-"
-_SECRET_KEY_NAMES = (
-    r"api[ _\-]?key|apikey|api[ _\-]?token|api[ _\-]?secret|secret|password|passwd|passphrase|pwd"
-    r"|access[ _\-]?token|auth[ _\-]?token|refresh[ _\-]?token|session[ _\-]?token|private[ _\-]?key"
-    r"|client[ _\-]?secret|credentials?"
+_K = r"A-Za-z0-9_\-"  # the characters keys and tokens are made of
+
+
+def _at_word_start(literals: list[str], before: str = _K) -> str:
+    """``literals`` as an alternation that matches only where a run starts: the character before
+    is not in ``before`` (or is the ``n``/``r``/``t`` of a JSON escape such as ``\\n``). The
+    literal comes first so the engine can skip ahead to it; the check looks back from its end."""
+    return "(?:" + "|".join(
+        rf"{re.escape(lit)}(?:(?<![{before}]{re.escape(lit)})|(?<=\\[nrt]{re.escape(lit)}))" for lit in literals
+    ) + ")"
+
+
+_KEY_NAMES = (  # factored by first letter; the lookahead before it lets most positions fail at once
+    r"a(?:pi[ _\-]?(?:key|token|secret)|pikey|ccess[ _\-]?token|uth[ _\-]?token)"
+    r"|s(?:ecret|ession[ _\-]?token)|p(?:ass(?:word|wd|phrase)|wd|rivate[ _\-]?key)"
+    r"|refresh[ _\-]?token|c(?:lient[ _\-]?secret|redentials?)"
 )
-_SHAPES = re.compile(
-    "|".join([
-        # PEM private key header; the block to its END line is cut by redact()
-        r"(?P<pem>-----BEGIN[ A-Z0-9]{0,40}PRIVATE KEY-----)",
-        # password in a URL: scheme://user:PASSWORD@host (the user and host are kept)
-        r"(?P<url>://[^:/@\s]{0,256}:)(?P<urlpw>[^@\s/]{1,256})@",
-        # authorization schemes; "HF_TOKEN=…" counts, "prompt_tokens=…" does not
-        r"(?<![A-Za-z0-9])(?i:(?P<auth>(?:bearer|token|basic)(?:[ \t]{1,8}|[ \t]{0,4}[:=][ \t]{0,4})))"
-        r"(?P<authv>[A-Za-z0-9._~+/=\-]{12,})",
-        # provider-prefixed keys and JWTs
-        rf"(?<![{_KEY_CHARS}])(?:sk-|sk_live_|rk_live_|sk_test_|gh[pousr]_|github_pat_|glpat-|hf_|npm_|xox[abpr]-)"
-        rf"[{_KEY_CHARS}]{{10,}}",
-        r"(?<![A-Za-z0-9])(?:AKIA|ASIA)[0-9A-Z]{16}(?![A-Za-z0-9])",
-        rf"(?<![{_KEY_CHARS}])AIza[{_KEY_CHARS}]{{30,}}",
-        rf"(?<![{_KEY_CHARS}.])eyJ[{_KEY_CHARS}]{{8,4096}}\.[{_KEY_CHARS}]{{8,4096}}\.[{_KEY_CHARS}]{{8,}}",
-        # key = value pairs whose key names a secret
-        rf"(?P<kv>(?P<kvk>(?i:{_SECRET_KEY_NAMES})[\w\-]{{0,40}})[\"']?"
-        r"(?:[ \t]{0,4}(?:[:=]|=>)[ \t]{0,4}|[ \t]{1,4}(?i:is)(?:[ \t]{0,4}:)?[ \t]{1,4})[\"']?)"
-        r"(?P<kvv>[^\s\"'&,;}<>]{4,})",
-        # command-line flags: --password X, --api-key X
-        r"(?P<flag>(?<![\w\-])--(?i:password|passwd|passphrase|api-key|apikey|token|secret|client-secret|access-token"
-        r"|auth-token)[ \t]{1,4})(?P<flagv>[^\s\"'&,;}<>\-][^\s\"'&,;}<>]{3,})",
-        # bare hex of 64+ digits
-        r"(?<![0-9A-Fa-f])(?<!sha256:)[0-9A-Fa-f]{64,}",
-    ])
-)
+#: ``(name, pattern, the group that is the secret)``; each pattern is scanned on its own and the
+#: secret spans of all of them are merged, so one shape never hides another
+SHAPES = [
+    # PEM private key header; redact() extends the span to the END line (or the end of the text)
+    ("pem", re.compile(r"-----BEGIN[ A-Z0-9]{0,40}PRIVATE KEY-----"), 0),
+    # password in a URL: scheme://user:PASSWORD@host (the user and host are kept)
+    ("url_password", re.compile(r"://[^:/@\s]{0,256}:(?P<secret>[^@\s/]{1,256})@"), "secret"),
+    # authorization schemes; "HF_TOKEN=…" counts, "prompt_tokens=…" does not
+    ("authorization", re.compile("(?=[BbTt])" + _at_word_start(["bearer", "token", "basic"], "A-Za-z0-9")
+                                 + r"(?:[ \t]{1,8}|[ \t]{0,4}[:=][ \t]{0,4})(?P<secret>[A-Za-z0-9._~+/=\-]{12,})", re.I),
+     "secret"),
+    # provider-prefixed keys
+    ("prefixed_key", re.compile(_at_word_start(["sk-", "sk_live_", "sk_test_", "rk_live_", "ghp_", "gho_", "ghu_",
+                                                "ghs_", "ghr_", "github_pat_", "glpat-", "hf_", "npm_", "xoxa-",
+                                                "xoxb-", "xoxp-", "xoxr-"]) + rf"[{_K}]{{10,}}"), 0),
+    ("aws_key_id", re.compile(_at_word_start(["AKIA", "ASIA"]) + r"[0-9A-Z]{16}(?![A-Za-z0-9])"), 0),
+    ("google_key", re.compile(_at_word_start(["AIza"]) + rf"[{_K}]{{30,}}"), 0),
+    ("jwt", re.compile(_at_word_start(["eyJ"], _K + ".") + rf"[{_K}]{{8,4096}}\.[{_K}]{{8,4096}}\.[{_K}]{{8,}}"), 0),
+    # key = value pairs whose key names a secret; quotes may be escaped (JSON inside a JSON string)
+    ("keyed", re.compile(
+        rf"(?=[AaSsPpRrCc])(?P<key>(?:{_KEY_NAMES})[\w\-]{{0,40}})(?:\\{{0,3}}[\"'])?"
+        r"(?:[ \t]{0,4}(?:[:=]|=>)[ \t]{0,4}|[ \t]{1,4}is(?:[ \t]{0,4}:)?[ \t]{1,4})(?:\\{0,3}[\"'])?"
+        r"(?P<secret>[^\s\"'&,;}<>\\]{4,})", re.I), "secret"),
+    # command-line flags: --password X, --api-key X
+    ("flag", re.compile(_at_word_start(["--"], r"\w\-") + r"(?:password|passwd|passphrase|api-key|apikey|token|secret"
+                        r"|client-secret|access-token|auth-token)[ \t]{1,4}(?P<secret>[^\s\"'&,;}<>\-][^\s\"'&,;}<>]{3,})",
+                        re.I), "secret"),
+    # bare hex of 64+ digits
+    ("hex_key", re.compile(r"(?<![0-9A-Fa-f])(?<!sha256:)[0-9A-Fa-f]{64,}"), 0),
+]
 # prose that follows "password is" without being one
 _NOT_VALUES = frozenset(
     "required incorrect invalid wrong missing empty unset none null expired correct changed reset"
@@ -89,41 +104,51 @@ def _not_a_secret(key: str, value: str) -> bool:
             or key.lower().endswith(("file", "ref", "path", "env", "_name")))
 
 
+def secret_spans(text: str) -> list[tuple[int, int]]:
+    """The ``(start, end)`` spans of ``text`` that are secrets, sorted and merged (see the module
+    docstring for the shapes). Linear: each pattern is one bounded scan, each PEM block is searched
+    for its END once."""
+    spans = []
+    for name, pattern, group in SHAPES:
+        covered = 0
+        for m in pattern.finditer(text):
+            start, end = m.span(group)
+            if name == "pem":
+                if start < covered:
+                    continue  # a header inside a block already cut
+                stop = text.find("-----END", end)
+                if stop < 0:
+                    end = len(text)
+                else:
+                    close = text.find("-----", stop + 8, stop + 80)
+                    end = close + 5 if close >= 0 else stop + 8
+                covered = end
+            elif name in ("keyed", "flag") and _not_a_secret(m.groupdict().get("key") or "", m.group(group)):
+                continue
+            spans.append((start, end))
+    spans.sort()
+    merged: list[tuple[int, int]] = []
+    for start, end in spans:
+        if merged and start <= merged[-1][1]:
+            if end > merged[-1][1]:
+                merged[-1] = (merged[-1][0], end)
+        else:
+            merged.append((start, end))
+    return merged
+
+
 def redact(text: str) -> str:
     """Return ``text`` with every secret-shaped substring replaced by ``[REDACTED]``.
 
-    Shapes: the module docstring. Linear in ``len(text)``; idempotent
+    Shapes: the module docstring and :data:`SHAPES`. Linear in ``len(text)``; idempotent
     (``redact(redact(t)) == redact(t)``). Non-strings and empty strings are returned as is.
     """
     if not isinstance(text, str) or not text:
         return text
-    out: list[str] = []
-    pos = 0
-    search = _SHAPES.search
-    while (m := search(text, pos)) is not None:
-        start, end = m.span()
+    out, pos = [], 0
+    for start, end in secret_spans(text):
         out.append(text[pos:start])
-        if m.group("pem") is not None:
-            out.append(MARK)
-            stop = text.find("-----END", end)
-            if stop < 0:
-                end = len(text)
-            else:
-                close = text.find("-----", stop + 8, stop + 80)
-                end = close + 5 if close >= 0 else stop + 8
-        elif m.group("urlpw") is not None:
-            out.append(m.group("url") + MARK + "@")
-        elif m.group("authv") is not None:
-            out.append(m.group("auth") + MARK)
-        elif m.group("kvv") is not None:
-            out.append(m.group(0) if _not_a_secret(m.group("kvk"), m.group("kvv")) else m.group("kv") + MARK)
-        elif m.group("flagv") is not None:
-            out.append(m.group(0) if _not_a_secret("", m.group("flagv")) else m.group("flag") + MARK)
-        else:
-            out.append(MARK)
-        if end == start:  # cannot happen (every shape consumes), but never loop forever
-            end += 1
-            out.append(text[start:end])
+        out.append(MARK)
         pos = end
     out.append(text[pos:])
     return "".join(out)

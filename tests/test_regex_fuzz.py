@@ -92,7 +92,7 @@ DYNAMIC = [
 ]
 #: every regex call site in the project's code, per file: a new one must be added to the audit
 CALL_SITES = {"agent/breakers.py": 1, "agent/report.py": 3, "agent/untrusted.py": 9, "fleet/diagnostics.py": 7,
-              "fleet/providers/local.py": 1, "fleet/secrets.py": 1}
+              "fleet/providers/local.py": 1, "fleet/secrets.py": 10}
 
 
 def test_every_regex_call_site_is_audited():
@@ -156,6 +156,22 @@ def test_a_planted_secret_never_survives(before, after, shape, sep1, sep2):
     out = redact(before + sep1 + text + sep2 + after)
     assert secret not in out
     assert redact(out) == out
+
+
+@FUZZ
+@given(before=st.one_of(texts, tricky), after=st.one_of(texts, tricky), shape=secret_shapes, sep1=seps, sep2=seps,
+       depth=st.integers(1, 2))
+def test_a_planted_secret_in_json_text_never_survives(before, after, shape, sep1, sep2, depth):
+    """Model tool calls and provider answers arrive as JSON text: escaped newlines and quotes."""
+    import json
+
+    _, text, secret = shape
+    if any(c in secret for c in "\"\\"):
+        return
+    blob = before + sep1 + text + sep2 + after
+    for _ in range(depth):
+        blob = json.dumps({"message": blob})
+    assert secret not in redact(blob)
 
 
 @FUZZ
