@@ -176,3 +176,42 @@ class SettingsForm(forms.Form):
         part, _, key = dotted.partition(".")
         name = f"{part}__{key.replace(':', '__')}"
         return name if name in self.fields else None
+
+
+ROLE_CHOICES = [("operator", "operator: acts and approves"), ("viewer", "viewer: sees, cannot act")]
+
+
+class AddUserForm(forms.Form):
+    """The Users page's add form (superusers): name, role, password twice, why."""
+
+    username = forms.CharField(max_length=150, strip=True, error_messages={
+        "required": "enter a username", "max_length": "username is too long: at most 150 characters"})
+    role = forms.ChoiceField(choices=ROLE_CHOICES, error_messages={"invalid_choice": "role must be operator or viewer"})
+    password1 = forms.CharField(label="password", max_length=1024, strip=False, widget=forms.PasswordInput,
+                                error_messages={"required": "enter a password",
+                                                "max_length": "password is too long: at most 1,024 characters"})
+    password2 = forms.CharField(label="password again", max_length=1024, strip=False, widget=forms.PasswordInput,
+                                error_messages={"required": "enter the password again",
+                                                "max_length": "password is too long: at most 1,024 characters"})
+    reason = forms.CharField(required=False, max_length=CAPS["reason"], strip=True, error_messages=too_long("reason"))
+
+    def clean(self):
+        data = super().clean()
+        if data.get("password1") and data.get("password2") and data["password1"] != data["password2"]:
+            self.add_error("password2", "the two passwords differ; type the same one twice")
+        return data
+
+
+class RoleForm(forms.Form):
+    """Change one user's role (superusers)."""
+
+    role = forms.ChoiceField(choices=ROLE_CHOICES, error_messages={"invalid_choice": "role must be operator or viewer",
+                                                                   "required": "choose operator or viewer"})
+    reason = forms.CharField(required=False, max_length=CAPS["reason"], strip=True, error_messages=too_long("reason"))
+
+
+class ActiveForm(forms.Form):
+    """Deactivate (``active`` absent or false) or reactivate one user (superusers)."""
+
+    active = forms.BooleanField(required=False)
+    reason = forms.CharField(required=False, max_length=CAPS["reason"], strip=True, error_messages=too_long("reason"))

@@ -6,16 +6,20 @@ register = template.Library()
 
 
 def can_act(user) -> bool:
-    """True for operators (group ``operators``) and superusers; cached on the user object."""
-    if not getattr(user, "is_authenticated", False):
-        return False
-    cached = getattr(user, "_warden_can_act", None)
-    if cached is None:
-        cached = bool(user.is_superuser or user.groups.filter(name="operators").exists())
-        user._warden_can_act = cached
-    return cached
+    """True for operators (group ``operators``) and superusers (the rule: ``console.users``)."""
+    from console.users import can_act as rule
+
+    return rule(user)
 
 
+def role(user) -> str:
+    """The signed-in user's role: superuser, operator or viewer (``console.users.role_of``)."""
+    from console.users import role_of
+
+    return role_of(user)
+
+
+register.filter("role", role)
 register.filter("can_act", can_act)
 
 
