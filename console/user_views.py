@@ -43,7 +43,9 @@ def _page(request, status: int = 200, add_form=None, error: str = ""):
 @never_cache
 @superuser_required
 def users_page(request):
-    """GET ``/users/``: the users and the add form."""
+    """GET ``/users/``: the users and the add form; an htmx region GET (on ``users-changed``): the table."""
+    if request.htmx and not request.htmx.boosted:
+        return render(request, "console/partials/users.html", {"rows": users_table(), "roles": ROLES})
     return _page(request)
 
 
