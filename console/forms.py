@@ -18,6 +18,7 @@ CAPS = {
     "setting": 100,  # one limit on the settings page
     "target": 32,  # target proofs/hr as typed
     "filter": 200,  # a ?actor= / ?verb= / ?target= filter on the Actions tab
+    "next": 2000,  # a ?next= URL to return to (a longer one is ignored: the default page is used)
     "json_body": 16_384,  # the JSON API's request body, in bytes
 }
 

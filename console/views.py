@@ -466,8 +466,9 @@ def approvals_context(recent: int = APPROVALS_RECENT) -> dict:
 
 
 def _safe_next(request, default: str) -> str:
+    """The ``next`` URL when it is ours and no longer than ``CAPS["next"]``, else ``default``."""
     nxt = request.POST.get("next") or request.GET.get("next") or ""
-    if nxt and url_has_allowed_host_and_scheme(nxt, allowed_hosts={request.get_host()}):
+    if nxt and len(nxt) <= CAPS["next"] and url_has_allowed_host_and_scheme(nxt, allowed_hosts={request.get_host()}):
         return nxt
     return default
 

@@ -114,3 +114,11 @@ def test_inputs_at_their_cap_are_accepted(client, alice, world):
     assert alert.state == "acknowledged" and len(alert.ack_comment) == CAPS["comment"]
     resp = client.post("/actions/target/", {"target": "5", "reason": "r" * CAPS["reason"]})
     assert resp.status_code == 302 and SessionState.get().target_proofs_hr == 5
+
+
+def test_a_too_long_next_url_is_ignored_for_the_default_page(client, alice):
+    client.force_login(alice)
+    resp = client.post("/actions/observe-only/", {"next": "/fleet/"})
+    assert resp.status_code == 302 and resp["Location"] == "/fleet/"
+    resp = client.post("/actions/observe-only/", {"next": "/fleet/?q=" + "a" * CAPS["next"]})
+    assert resp.status_code == 302 and resp["Location"] == "/"
