@@ -10,9 +10,11 @@ by observations you actually returned").
 import re
 
 from agent.models import Run
+from agent.planners.base import without_verdicts
 
-_ID = re.compile(r"\b[a-z]+-\d+\b")
-_NUM = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?![\w.])")
+# bounded repeats: a scan of the model's answer is linear (tests/test_regex_fuzz.py)
+_ID = re.compile(r"\b[a-z]{1,40}-\d{1,20}\b")
+_NUM = re.compile(r"(?<![\w.])\d{1,30}(?:\.\d{1,30})?(?![\w.])")
 
 
 def _call(s) -> str:
@@ -68,7 +70,7 @@ def _observed(run: Run) -> dict:
 
 def entailment_flags(run: Run) -> list[str]:
     """Ids and numbers in ``run.final_answer`` that no observation of the run contains."""
-    answer = re.sub(r"<verdict>.*?</verdict>", "", run.final_answer or "", flags=re.S)
+    answer = without_verdicts(run.final_answer)
     if not answer:
         return []
     corpus = " ".join(run.steps.exclude(observation="").values_list("observation", flat=True))

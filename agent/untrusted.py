@@ -7,16 +7,18 @@ alert. Nothing here can change policy or the allowlist: those live in code (``ag
 
 import re
 
+#: every pattern is bounded (no unbounded repeat before a part that can fail), so a scan is linear
+#: in the text: ``tests/test_regex_fuzz.py`` checks it
 _INJECTION = [
     re.compile(r"ignore (all |any )?(the )?(previous|prior|above|earlier) (instructions|rules|prompts?)", re.I),
     re.compile(r"disregard (all |any )?(the )?(previous|prior|above|your) (instructions|rules|guidelines)", re.I),
     re.compile(r"\byou are now\b", re.I),
-    re.compile(r"\b(new|updated) (system )?instructions?\s*:", re.I),
+    re.compile(r"\b(new|updated) (system )?instructions?\s{0,8}:", re.I),
     re.compile(r"\bsystem prompt\b", re.I),
-    re.compile(r"\b(assistant|agent|ai)\s*[,:]\s*(please\s+)?(stop|destroy|delete|terminate|shut ?down|kill|send|email|dump|reveal)\b", re.I),
+    re.compile(r"\b(assistant|agent|ai)\s{0,8}[,:]\s{0,8}(please\s{1,8})?(stop|destroy|delete|terminate|shut ?down|kill|send|email|dump|reveal)\b", re.I),
     re.compile(r"\b(destroy|terminate|stop|delete) (all|every) (instances?|machines?|workers?|nodes?)\b", re.I),
     re.compile(r"\b(reveal|print|dump|send|email|exfiltrate) (the |your )?(api[_ ]?keys?|secrets?|credentials|env(ironment)?( variables)?|passwords?)\b", re.I),
-    re.compile(r"<\s*/?\s*(system|tool_result|verdict)\s*>", re.I),
+    re.compile(r"<\s{0,8}/?\s{0,8}(system|tool_result|verdict)\s{0,8}>", re.I),
 ]
 
 

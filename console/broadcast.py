@@ -34,14 +34,21 @@ def on_changed(sender, topics=(), **kwargs) -> None:
     send_topics(list(topics))
 
 
-def on_logged_out(sender, request=None, user=None, **kwargs) -> None:
-    """Receiver for ``user_logged_out``: close that user's open sockets."""
-    if user is None:
-        return
+def send_to_user(user_id: int, event: dict) -> bool:
+    """Send a layer ``event`` to one user's open sockets (``console.force_close`` closes them,
+    ``console.set_role`` changes the topics they get). Returns False (and logs) when the layer fails."""
     layer = get_channel_layer()
     if layer is None:
-        return
+        return False
     try:
-        async_to_sync(layer.group_send)(user_group(user.pk), {"type": "console.force_close"})
+        async_to_sync(layer.group_send)(user_group(user_id), event)
     except Exception as exc:
-        log.warning("closing sockets of %s failed: %s", user, exc)
+        log.warning("sending %s to the sockets of user %s failed: %s", event.get("type"), user_id, exc)
+        return False
+    return True
+
+
+def on_logged_out(sender, request=None, user=None, **kwargs) -> None:
+    """Receiver for ``user_logged_out``: close that user's open sockets."""
+    if user is not None:
+        send_to_user(user.pk, {"type": "console.force_close"})

@@ -1,18 +1,61 @@
-"""Operator input on the console: target proofs/hr, chat messages, demo queue size."""
+"""Operator input on the console: target proofs/hr, chat messages, demo queue size.
+
+Every input has a length cap (:data:`CAPS`, characters), checked by the form before any work
+(redaction, parsing, a database write); a longer value gets a form error (400) that names the
+field and its cap. The JSON API and the GET filters use the same caps.
+"""
 
 from django import forms
+from django.core.exceptions import ValidationError
+
+#: the longest value each operator input may have, in characters (issue 11 §1.2)
+CAPS = {
+    "message": 4000,  # a chat message to the agent (agent.actions.do_post_message checks it too)
+    "reason": 500,  # why: actions, cordon, settings, observe-only, reset, target
+    "override_reason": 500,  # why a guard is overridden
+    "comment": 2000,  # approval / rejection / alert acknowledgement comment
+    "request_key": 64,  # an action form's one-time token
+    "setting": 100,  # one limit on the settings page
+    "target": 32,  # target proofs/hr as typed
+    "filter": 200,  # a ?actor= / ?verb= / ?target= filter on the Actions tab
+    "next": 2000,  # a ?next= URL to return to (a longer one is ignored: the default page is used)
+    "json_body": 16_384,  # the JSON API's request body, in bytes
+}
+
+
+def too_long(field: str, cap_key: str | None = None) -> dict:
+    """``error_messages`` for a capped field: ``"<field> is too long: at most N characters (…)"``."""
+    cap = CAPS[cap_key or field]
+    return {"max_length": f"{field} is too long: at most {cap:,} characters (this one has %(show_value)d)"}
+
+
+def too_long_error(field: str, value: str, cap_key: str | None = None) -> str | None:
+    """The error for ``value`` of ``field`` when it is over its cap (``None`` when it fits)."""
+    cap = CAPS[cap_key or field]
+    if len(value) > cap:
+        return f"{field} is too long: at most {cap:,} characters (this one has {len(value):,})"
+    return None
+
+
+class CappedFloatField(forms.FloatField):
+    """A float field that refuses over-long text before parsing it (:data:`CAPS` ``target``)."""
+
+    def to_python(self, value):
+        if isinstance(value, str) and (error := too_long_error(str(self.label), value, "target")):
+            raise ValidationError(error, code="max_length")
+        return super().to_python(value)
 
 
 class TargetForm(forms.Form):
     """The target rate of proofs per hour (stored on the session-state anchor)."""
 
-    target = forms.FloatField(
+    target = CappedFloatField(
         label="target proofs/hr",
         min_value=0,
         max_value=1_000_000,
         error_messages={"invalid": "target proofs/hr must be a number, e.g. 120", "required": "enter a target"},
     )
-    reason = forms.CharField(label="why", required=False, max_length=500)
+    reason = forms.CharField(label="why", required=False, max_length=CAPS["reason"], error_messages=too_long("reason"))
 
 
 class MessageForm(forms.Form):
@@ -20,10 +63,10 @@ class MessageForm(forms.Form):
 
     text = forms.CharField(
         label="message",
-        max_length=4000,
+        max_length=CAPS["message"],
         strip=True,
         widget=forms.Textarea(attrs={"rows": 2, "placeholder": "Tell the agent what to do…"}),
-        error_messages={"required": "the message is empty; type what the agent should do"},
+        error_messages={"required": "the message is empty; type what the agent should do", **too_long("message")},
     )
 
 
@@ -45,7 +88,7 @@ class DecisionForm(forms.Form):
     decision = forms.ChoiceField(choices=[("approve", "approve"), ("reject", "reject")],
                                  error_messages={"required": "choose approve or reject",
                                                  "invalid_choice": "choose approve or reject"})
-    comment = forms.CharField(required=False, max_length=2000, strip=True)
+    comment = forms.CharField(required=False, max_length=CAPS["comment"], strip=True, error_messages=too_long("comment"))
 
     def clean(self):
         data = super().clean()
@@ -57,8 +100,8 @@ class DecisionForm(forms.Form):
 class AckForm(forms.Form):
     """Acknowledge a firing alert: the comment tells other operators who is on it."""
 
-    comment = forms.CharField(max_length=2000, strip=True,
-                              error_messages={"required": "say what you are doing about it"})
+    comment = forms.CharField(max_length=CAPS["comment"], strip=True,
+                              error_messages={"required": "say what you are doing about it", **too_long("comment")})
 
 
 class InstanceActionForm(forms.Form):
@@ -68,23 +111,24 @@ class InstanceActionForm(forms.Form):
     ACTIONS = ["stop", "destroy", "reboot", "resume", "cordon", "uncordon"]
     action = forms.ChoiceField(choices=[(a, a) for a in ACTIONS],
                                error_messages={"invalid_choice": "unknown action %(value)s"})
-    reason = forms.CharField(max_length=500, strip=True,
-                             error_messages={"required": "say why (the reason goes to the audit log)"})
-    override_reason = forms.CharField(required=False, max_length=500, strip=True)
-    request_key = forms.CharField(required=False, max_length=64)
+    reason = forms.CharField(max_length=CAPS["reason"], strip=True,
+                             error_messages={"required": "say why (the reason goes to the audit log)", **too_long("reason")})
+    override_reason = forms.CharField(required=False, max_length=CAPS["override_reason"], strip=True,
+                                      error_messages=too_long("override_reason"))
+    request_key = forms.CharField(required=False, max_length=CAPS["request_key"], error_messages=too_long("request_key"))
 
 
 class ObserveOnlyForm(forms.Form):
     """The observe-only switch: ``on`` true stops every side effect (the agent still proposes)."""
 
     on = forms.BooleanField(required=False)
-    reason = forms.CharField(required=False, max_length=500, strip=True)
+    reason = forms.CharField(required=False, max_length=CAPS["reason"], strip=True, error_messages=too_long("reason"))
 
 
 class ResetForm(forms.Form):
     """Reset session: a new conversation epoch (runs stay visible, the anchor keeps counting)."""
 
-    reason = forms.CharField(required=False, max_length=500, strip=True)
+    reason = forms.CharField(required=False, max_length=CAPS["reason"], strip=True, error_messages=too_long("reason"))
 
 
 POLICY_CHOICES = [("auto", "auto"), ("approval", "approval"), ("forbidden", "forbidden")]
@@ -98,8 +142,8 @@ class SettingsForm(forms.Form):
     (the one place), whose errors the view attaches to the field they name.
     """
 
-    reason = forms.CharField(max_length=500, strip=True,
-                             error_messages={"required": "say why (every settings change is audited)"})
+    reason = forms.CharField(max_length=CAPS["reason"], strip=True,
+                             error_messages={"required": "say why (every settings change is audited)", **too_long("reason")})
 
     def __init__(self, *args, policy: dict, limits: dict, inherit_keys=(), **kwargs):
         super().__init__(*args, **kwargs)
@@ -113,8 +157,9 @@ class SettingsForm(forms.Form):
         for key, value in limits.items():
             name = "limits__" + key
             initial = ", ".join(str(v) for v in value) if isinstance(value, list | tuple) else value
-            self.fields[name] = forms.CharField(label=key, initial=initial, max_length=100, strip=True,
-                                                error_messages={"required": f"{key} needs a value"})
+            self.fields[name] = forms.CharField(label=key, initial=initial, max_length=CAPS["setting"], strip=True,
+                                                error_messages={"required": f"{key} needs a value",
+                                                                **too_long(key, "setting")})
             self.limit_fields.append((key, name))
 
     def overrides(self) -> tuple[dict, dict]:
@@ -132,3 +177,42 @@ class SettingsForm(forms.Form):
         part, _, key = dotted.partition(".")
         name = f"{part}__{key.replace(':', '__')}"
         return name if name in self.fields else None
+
+
+ROLE_CHOICES = [("operator", "operator: acts and approves"), ("viewer", "viewer: sees, cannot act")]
+
+
+class AddUserForm(forms.Form):
+    """The Users page's add form (superusers): name, role, password twice, why."""
+
+    username = forms.CharField(max_length=150, strip=True, error_messages={
+        "required": "enter a username", "max_length": "username is too long: at most 150 characters"})
+    role = forms.ChoiceField(choices=ROLE_CHOICES, error_messages={"invalid_choice": "role must be operator or viewer"})
+    password1 = forms.CharField(label="password", max_length=1024, strip=False, widget=forms.PasswordInput,
+                                error_messages={"required": "enter a password",
+                                                "max_length": "password is too long: at most 1,024 characters"})
+    password2 = forms.CharField(label="password again", max_length=1024, strip=False, widget=forms.PasswordInput,
+                                error_messages={"required": "enter the password again",
+                                                "max_length": "password is too long: at most 1,024 characters"})
+    reason = forms.CharField(required=False, max_length=CAPS["reason"], strip=True, error_messages=too_long("reason"))
+
+    def clean(self):
+        data = super().clean()
+        if data.get("password1") and data.get("password2") and data["password1"] != data["password2"]:
+            self.add_error("password2", "the two passwords differ; type the same one twice")
+        return data
+
+
+class RoleForm(forms.Form):
+    """Change one user's role (superusers)."""
+
+    role = forms.ChoiceField(choices=ROLE_CHOICES, error_messages={"invalid_choice": "role must be operator or viewer",
+                                                                   "required": "choose operator or viewer"})
+    reason = forms.CharField(required=False, max_length=CAPS["reason"], strip=True, error_messages=too_long("reason"))
+
+
+class ActiveForm(forms.Form):
+    """Deactivate (``active`` absent or false) or reactivate one user (superusers)."""
+
+    active = forms.BooleanField(required=False)
+    reason = forms.CharField(required=False, max_length=CAPS["reason"], strip=True, error_messages=too_long("reason"))

@@ -229,6 +229,14 @@ TIME_ZONE = "UTC"
 USE_TZ = True
 LANGUAGE_CODE = "en-us"
 
+# passwords set by ``manage.py adduser`` and the Users page (console.users.do_add_user)
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator", "OPTIONS": {"min_length": 10}},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from console import trace_views, views
+from console import trace_views, user_views, views
 
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),
@@ -19,6 +19,10 @@ urlpatterns = [
     path("api/instances/<str:external_id>/<str:action>/", views.api_instance_action, name="api_instance_action"),
     path("settings/", views.settings_page, name="settings"),
     path("traces/", trace_views.traces, name="traces"),
+    path("users/", user_views.users_page, name="users"),
+    path("users/add/", user_views.add_user, name="add_user"),
+    path("users/<int:pk>/role/", user_views.set_role, name="set_user_role"),
+    path("users/<int:pk>/active/", user_views.set_active, name="set_user_active"),
     path("actions/observe-only/", views.set_observe_only, name="set_observe_only"),
     path("actions/reset/", views.reset_session, name="reset_session"),
     path("actions/target/", views.set_target, name="set_target"),

@@ -19,8 +19,9 @@ from datetime import timedelta
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import RequestDataTooBig
 from django.db.models import Count, F, Q, Sum
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseForbidden, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseForbidden, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.cache import never_cache
@@ -49,6 +50,7 @@ from agent.models import Approval, AuditLog, Run, SessionState, Step
 from agent.policy import effective_limits, effective_policy
 from console import health
 from console.forms import (
+    CAPS,
     AckForm,
     DecisionForm,
     EnqueueForm,
@@ -58,6 +60,7 @@ from console.forms import (
     ResetForm,
     SettingsForm,
     TargetForm,
+    too_long_error,
 )
 from console.templatetags.console_extras import can_act
 from fleet.clock import clock
@@ -351,6 +354,11 @@ def post_message(request: HtmxHttpRequest) -> HttpResponse:
     return _dashboard_page(request, status=400, message_form=form)
 
 
+def _form_errors(form) -> str:
+    """A form's errors as one line, each naming its field (``reason is too long: …``)."""
+    return "; ".join(e for errs in form.errors.values() for e in errs)
+
+
 def _why(exc: Exception) -> str:
     """An error for the operator: our own errors by their message, others with their type."""
     if isinstance(exc, (ValueError, DemandError)):
@@ -458,8 +466,9 @@ def approvals_context(recent: int = APPROVALS_RECENT) -> dict:
 
 
 def _safe_next(request, default: str) -> str:
+    """The ``next`` URL when it is ours and no longer than ``CAPS["next"]``, else ``default``."""
     nxt = request.POST.get("next") or request.GET.get("next") or ""
-    if nxt and url_has_allowed_host_and_scheme(nxt, allowed_hosts={request.get_host()}):
+    if nxt and len(nxt) <= CAPS["next"] and url_has_allowed_host_and_scheme(nxt, allowed_hosts={request.get_host()}):
         return nxt
     return default
 
@@ -603,9 +612,11 @@ def audit_context(actor: str = "", verb: str = "", target: str = "", limit: int 
 def actions_page(request: HtmxHttpRequest) -> HttpResponse:
     """The Actions tab: who or what did what, when, why, before and after (``?actor=&verb=&target=``
     filter, kept in the URL). htmx GET: the table only."""
-    g = request.GET
-    ctx = _page_context(request, **audit_context(g.get("actor", "").strip(), g.get("verb", "").strip(),
-                                                 g.get("target", "").strip()))
+    filters = {k: request.GET.get(k, "").strip() for k in ("actor", "verb", "target")}
+    for name, value in filters.items():
+        if error := too_long_error(f"{name} filter", value, "filter"):
+            return HttpResponseBadRequest(error, content_type="text/plain")
+    ctx = _page_context(request, **audit_context(**filters))
     if _is_region(request):
         return render(request, "console/partials/audit.html", ctx)
     return render(request, "console/actions.html", ctx)
@@ -691,7 +702,7 @@ def instance_action(request: HtmxHttpRequest, external_id: str) -> HttpResponse:
         status, code, detail = run_instance_action(inst, d["action"], actor=actor_of(request), reason=d["reason"],
                                                    override_reason=d["override_reason"], request_key=d["request_key"])
     else:
-        status, code, detail = 400, "invalid", "; ".join(e for errs in form.errors.values() for e in errs)
+        status, code, detail = 400, "invalid", _form_errors(form)
     result = {"ok": status == 200, "code": code, "detail": detail, "status": status}
     if request.htmx:
         inst.refresh_from_db()
@@ -727,14 +738,23 @@ def api_instance_action(request: HttpRequest, external_id: str, action: str) -> 
     if action not in InstanceActionForm.ACTIONS:
         return _json_error(404, "unknown_action", f"unknown action {action!r}; use one of {', '.join(InstanceActionForm.ACTIONS)}")
     try:
-        body = json.loads(request.body or b"{}")
-    except ValueError:
+        raw = request.body
+    except RequestDataTooBig:
+        raw = None
+    if raw is None or len(raw) > CAPS["json_body"]:
+        return _json_error(413, "too_large", f"the body is too large: at most {CAPS['json_body']:,} bytes")
+    try:
+        body = json.loads(raw or b"{}")
+    except (ValueError, RecursionError):
         return _json_error(400, "invalid", "the body must be JSON, e.g. {\"reason\": \"wedged\"}")
     if not isinstance(body, dict):
         return _json_error(400, "invalid", "the body must be a JSON object")
     fields = {k: body.get(k, "") for k in ("reason", "override_reason", "request_key")}
     if not all(isinstance(v, str) for v in fields.values()):
         return _json_error(400, "invalid", "reason, override_reason and request_key must be strings")
+    for name, value in fields.items():
+        if error := too_long_error(name, value):
+            return _json_error(400, "too_long", error)
     try:
         inst = _instance(external_id)
     except Http404:
@@ -751,7 +771,8 @@ def set_observe_only(request: HtmxHttpRequest) -> HttpResponse:
     """The observe-only switch (``do_set_observe_only``): ``on=1`` stops every side effect; the agent
     still observes and proposes, its calls shown as "would have done". htmx: the switch partial."""
     form = ObserveOnlyForm(request.POST)
-    form.is_valid()  # both fields are optional; a missing ``on`` means off
+    if not form.is_valid():  # both fields are optional (a missing ``on`` means off); a reason may be too long
+        return _flash_response(request, False, _form_errors(form))
     on = bool(form.cleaned_data.get("on"))
     state = do_set_observe_only(on, actor_of(request), form.cleaned_data.get("reason", ""))
     if request.htmx:
@@ -767,7 +788,8 @@ def reset_session(request: HtmxHttpRequest) -> HttpResponse:
     """"Reset session" (``do_reset_session``, confirmed in the browser): a new conversation epoch;
     runs stay visible and run numbers keep counting."""
     form = ResetForm(request.POST)
-    form.is_valid()
+    if not form.is_valid():
+        return _flash_response(request, False, _form_errors(form))
     state = do_reset_session(actor_of(request), form.cleaned_data.get("reason", "") or "operator pressed Reset session")
     return _flash_response(request, True, f"session reset: conversation epoch {state.epoch}",
                            topics=("runs-changed", "chat-changed"))

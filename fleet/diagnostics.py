@@ -24,6 +24,9 @@ COMMANDS = [
 ]
 MAX_EVIDENCE_CHARS = 2000
 
+#: one line of ``nvidia-smi -L``
+_GPU_LINE = re.compile(r"^GPU \d{1,4}:", re.M)
+
 # (pattern, health, class, cause) — first match wins; gpu-faults.md §4.1
 _NVIDIA_RULES = [
     (re.compile(r"GPU is lost|fallen off the bus", re.I), "failed", "host", "GPU lost (NVML 15 / Xid 79): host-level fault"),
@@ -169,7 +172,7 @@ def judge(evidence: dict, *, status: str, worker=None, reachable: bool = True) -
             return "degraded", "host", f"nvidia-smi -L exited {nv.get('rc')}"
     if worker is not None and not worker.live and status == "running":
         return "degraded", "app", "instance up, but the Curio worker's heartbeat is stale"
-    gpus = len(re.findall(r"^GPU \d+:", (nv or {}).get("out", ""), re.M))
+    gpus = len(_GPU_LINE.findall((nv or {}).get("out", "")))
     cause = f"{gpus} GPU(s) listed" if gpus else "no fault seen"
     missing = [cmd for cmd, e in evidence.items() if isinstance(e, dict) and e.get("rc") == 127]
     if missing:

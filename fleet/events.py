@@ -6,7 +6,8 @@ the websocket, where each region re-fetches its own partial. Lower layers never 
 console (dependency direction console → agent → fleet).
 
 Topics: fleet-changed, demand-changed, runs-changed, chat-changed, approvals-changed,
-alerts-changed, actions-changed, settings-changed.
+alerts-changed, actions-changed, settings-changed, users-changed (superusers' sockets only:
+``console.consumers.ROLE_TOPICS``).
 """
 
 from django.db import transaction

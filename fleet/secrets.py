@@ -4,6 +4,33 @@ DESIGN.md invariant 6 and seed 003 ("reference, not plaintext"). :func:`resolve`
 reference (``env:NAME`` or ``file:/path``) into the value at the moment of use; :func:`redact`
 removes secret-shaped strings from any text before it is stored, logged, broadcast, rendered or
 sent to the model.
+
+Which shapes are secrets (the one list; ``tests/secret_corpus.py`` holds an example of each):
+
+- PEM private keys (``-----BEGIN ... PRIVATE KEY-----``): the whole block, to its END line or
+  the end of the text;
+- authorization values: ``Bearer``/``Token``/``Basic`` followed by 12+ token characters;
+- prefixed keys: ``sk-``/``sk_live_``/``rk_live_`` (OpenAI, Anthropic, OpenRouter, Stripe),
+  ``ghp_``/``gho_``/``ghu_``/``ghs_``/``ghr_``/``github_pat_`` (GitHub), ``glpat-`` (GitLab),
+  ``hf_`` (Hugging Face), ``AKIA…`` (AWS key id), ``AIza…`` (Google), ``xox?-`` (Slack),
+  ``npm_``, and JWTs (``eyJ….….…``);
+- the password of a URL (``scheme://user:PASSWORD@host``);
+- the value of a pair whose key names a secret (api key, secret, password, passphrase, token,
+  credential, private key), however it is written: ``password=X``, ``"api_key": "X"``,
+  ``api key: X``, ``AWS_SECRET_ACCESS_KEY = X``, ``--password X`` and prose ``password is X``
+  (not when X is a plain word such as "required" or "incorrect");
+- a bare run of 64 or more hex digits (vast.ai API keys are 64 hex; so are raw private keys,
+  ``0x``-prefixed or not), except a digest labelled ``sha256:``.
+
+Not secrets, never redacted: hex runs under 64 digits (idempotency keys are 40 hex, operator
+keys 36, git commits 40, dashless UUIDs 32), instance ids (``v-123``, ``local-1``), GPU UUIDs
+(``GPU-xxxxxxxx-xxxx-…``), offer ids and ``sha256:`` digests.
+
+Cost: one scan per shape, then the spans are merged. No pattern has a nested or an
+unbounded-then-failable repeat (only a trailing greedy repeat is unbounded, and it cannot fail
+once started), and token shapes start only where a run starts, so a run of letters is entered
+once: work is proportional to the input (``bench/redaction.py`` measures it,
+``tests/test_regex_fuzz.py`` bounds every pattern and fuzzes the redactor).
 """
 
 import logging
@@ -13,56 +40,127 @@ from pathlib import Path
 
 MARK = "[REDACTED]"
 
-_PATTERNS = [
-    # PEM private keys (RSA, EC, OPENSSH, PKCS8), whole block
-    re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----.*?(?:-----END [A-Z0-9 ]*PRIVATE KEY-----|\Z)", re.S),
-    # Authorization headers and bearer tokens
-    re.compile(r"(?i)\b(bearer|token|basic)\s+[A-Za-z0-9._~+/=-]{12,}"),
-    # OpenAI / Anthropic / OpenRouter style keys
-    re.compile(r"\bsk-[A-Za-z0-9_-]{16,}"),
-    # GitHub tokens
-    re.compile(r"\bgh[pousr]_[A-Za-z0-9]{20,}"),
-    re.compile(r"\bgithub_pat_[A-Za-z0-9_]{20,}"),
-    # AWS access key ids and Slack tokens
-    re.compile(r"\bAKIA[0-9A-Z]{16}\b"),
-    re.compile(r"\bxox[abpr]-[A-Za-z0-9-]{10,}"),
-    # JWTs
-    re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"),
-]
-# password inside a URL: scheme://user:PASSWORD@host
-_URL_PASSWORD = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s]*:)([^@\s]+)(@)")
-# key=value / "key": "value" where the key names a secret
-_KEYED = re.compile(
-    r"""(?ix)
-    ((?:[\w-]*?(?:api[_-]?key|apikey|secret|password|passwd|pwd|access[_-]?token|auth[_-]?token|private[_-]?key|client[_-]?secret)[\w-]*)
-     ["']?\s*[:=]\s*["']?)
-    ([^\s"'&,;}]{4,})
-    """
+#: characters of a log message kept after redaction (a 404 with a 1 MB path logs this much)
+LOG_CAP = 2000
+
+_K = r"A-Za-z0-9_\-"  # the characters keys and tokens are made of
+
+
+def _at_word_start(literals: list[str], before: str = _K) -> str:
+    """``literals`` as an alternation that matches only where a run starts: the character before
+    is not in ``before`` (or is the ``n``/``r``/``t`` of a JSON escape such as ``\\n``). The
+    literal comes first so the engine can skip ahead to it; the check looks back from its end."""
+    return "(?:" + "|".join(
+        rf"{re.escape(lit)}(?:(?<![{before}]{re.escape(lit)})|(?<=\\[nrt]{re.escape(lit)}))" for lit in literals
+    ) + ")"
+
+
+_KEY_NAMES = (  # factored by first letter; the lookahead before it lets most positions fail at once
+    r"a(?:pi[ _\-]?(?:key|token|secret)|pikey|ccess[ _\-]?token|uth[ _\-]?token)"
+    r"|s(?:ecret|ession[ _\-]?token)|p(?:ass(?:word|wd|phrase)|wd|rivate[ _\-]?key)"
+    r"|refresh[ _\-]?token|c(?:lient[ _\-]?secret|redentials?)"
 )
+#: ``(name, pattern, the group that is the secret)``; each pattern is scanned on its own and the
+#: secret spans of all of them are merged, so one shape never hides another
+SHAPES = [
+    # PEM private key header; redact() extends the span to the END line (or the end of the text)
+    ("pem", re.compile(r"-----BEGIN[ A-Z0-9]{0,40}PRIVATE KEY-----"), 0),
+    # password in a URL: scheme://user:PASSWORD@host (the user and host are kept)
+    ("url_password", re.compile(r"://[^:/@\s]{0,256}:(?P<secret>[^@\s/]{1,256})@"), "secret"),
+    # authorization schemes; "HF_TOKEN=…" counts, "prompt_tokens=…" does not
+    ("authorization", re.compile("(?=[BbTt])" + _at_word_start(["bearer", "token", "basic"], "A-Za-z0-9")
+                                 + r"(?:[ \t]{1,8}|[ \t]{0,4}[:=][ \t]{0,4})(?P<secret>[A-Za-z0-9._~+/=\-]{12,})", re.I),
+     "secret"),
+    # provider-prefixed keys
+    ("prefixed_key", re.compile(_at_word_start(["sk-", "sk_live_", "sk_test_", "rk_live_", "ghp_", "gho_", "ghu_",
+                                                "ghs_", "ghr_", "github_pat_", "glpat-", "hf_", "npm_", "xoxa-",
+                                                "xoxb-", "xoxp-", "xoxr-"]) + rf"[{_K}]{{10,}}"), 0),
+    ("aws_key_id", re.compile(_at_word_start(["AKIA", "ASIA"]) + r"[0-9A-Z]{16}(?![A-Za-z0-9])"), 0),
+    ("google_key", re.compile(_at_word_start(["AIza"]) + rf"[{_K}]{{30,}}"), 0),
+    ("jwt", re.compile(_at_word_start(["eyJ"], _K + ".") + rf"[{_K}]{{8,4096}}\.[{_K}]{{8,4096}}\.[{_K}]{{8,}}"), 0),
+    # key = value pairs whose key names a secret; quotes may be escaped (JSON inside a JSON string)
+    ("keyed", re.compile(
+        rf"(?=[AaSsPpRrCc])(?P<key>(?:{_KEY_NAMES})[\w\-]{{0,40}})(?:\\{{0,3}}[\"'])?"
+        r"(?:[ \t]{0,4}(?:[:=]|=>)[ \t]{0,4}|[ \t]{1,4}is(?:[ \t]{0,4}:)?[ \t]{1,4})(?:\\{0,3}[\"'])?"
+        r"(?P<secret>[^\s\"'&,;}<>\\]{4,})", re.I), "secret"),
+    # command-line flags: --password X, --api-key X
+    ("flag", re.compile(_at_word_start(["--"], r"\w\-") + r"(?:password|passwd|passphrase|api-key|apikey|token|secret"
+                        r"|client-secret|access-token|auth-token)[ \t]{1,4}(?P<secret>[^\s\"'&,;}<>\-][^\s\"'&,;}<>]{3,})",
+                        re.I), "secret"),
+    # bare hex of 64+ digits
+    ("hex_key", re.compile(r"(?<![0-9A-Fa-f])(?<!sha256:)[0-9A-Fa-f]{64,}"), 0),
+]
+# prose that follows "password is" without being one
+_NOT_VALUES = frozenset(
+    "required incorrect invalid wrong missing empty unset none null expired correct changed reset"
+    " ok valid being still now not too the a an set stored hidden redacted".split()
+)
+
+
+def _not_a_secret(key: str, value: str) -> bool:
+    """A keyed value that is kept: a plain word, a reference (``env:``/``file:``), the mark, or the
+    value of a key that names where a secret lives (``password_file``, ``api_key_ref``)."""
+    return (value.lower().strip(".!") in _NOT_VALUES or value.startswith(("env:", "file:", MARK))
+            or key.lower().endswith(("file", "ref", "path", "env", "_name")))
+
+
+def secret_spans(text: str) -> list[tuple[int, int]]:
+    """The ``(start, end)`` spans of ``text`` that are secrets, sorted and merged (see the module
+    docstring for the shapes). Linear: each pattern is one bounded scan, each PEM block is searched
+    for its END once."""
+    spans = []
+    for name, pattern, group in SHAPES:
+        covered = 0
+        for m in pattern.finditer(text):
+            start, end = m.span(group)
+            if name == "pem":
+                if start < covered:
+                    continue  # a header inside a block already cut
+                stop = text.find("-----END", end)
+                if stop < 0:
+                    end = len(text)
+                else:
+                    close = text.find("-----", stop + 8, stop + 80)
+                    end = close + 5 if close >= 0 else stop + 8
+                covered = end
+            elif name in ("keyed", "flag") and _not_a_secret(m.groupdict().get("key") or "", m.group(group)):
+                continue
+            spans.append((start, end))
+    spans.sort()
+    merged: list[tuple[int, int]] = []
+    for start, end in spans:
+        if merged and start <= merged[-1][1]:
+            if end > merged[-1][1]:
+                merged[-1] = (merged[-1][0], end)
+        else:
+            merged.append((start, end))
+    return merged
 
 
 def redact(text: str) -> str:
     """Return ``text`` with every secret-shaped substring replaced by ``[REDACTED]``.
 
-    Catches PEM private keys, bearer/basic tokens, ``sk-``/GitHub/AWS/Slack keys, JWTs,
-    passwords in URLs and ``password=``/``api_key: ...`` pairs. Non-strings are returned as is.
+    Shapes: the module docstring and :data:`SHAPES`. Linear in ``len(text)``; idempotent
+    (``redact(redact(t)) == redact(t)``). Non-strings and empty strings are returned as is.
     """
     if not isinstance(text, str) or not text:
         return text
-    for pat in _PATTERNS:
-        text = pat.sub(MARK, text)
-    text = _URL_PASSWORD.sub(lambda m: m.group(1) + MARK + m.group(3), text)
-    text = _KEYED.sub(lambda m: m.group(1) + MARK, text)
-    return text
+    out, pos = [], 0
+    for start, end in secret_spans(text):
+        out.append(text[pos:start])
+        out.append(MARK)
+        pos = end
+    out.append(text[pos:])
+    return "".join(out)
 
 
 def redact_obj(obj):
-    """Redact every string inside a JSON-shaped object (dicts, lists, scalars)."""
+    """Redact every string inside a JSON-shaped object (dicts, lists, tuples, scalars); dict keys too."""
     if isinstance(obj, str):
         return redact(obj)
     if isinstance(obj, dict):
-        return {k: redact_obj(v) for k, v in obj.items()}
-    if isinstance(obj, list):
+        return {redact(k) if isinstance(k, str) else k: redact_obj(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
         return [redact_obj(v) for v in obj]
     return obj
 
@@ -93,7 +191,8 @@ def resolve(ref: str) -> str:
 
 
 class RedactingFilter(logging.Filter):
-    """Logging filter that redacts secrets from every record's formatted message."""
+    """Logging filter that redacts secrets from every record's formatted message and cuts it to
+    :data:`LOG_CAP` characters (a 404 for a 1 MB path logs 2,000 characters of it)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.exc_info and not record.exc_text:
@@ -104,7 +203,10 @@ class RedactingFilter(logging.Filter):
             msg = record.getMessage()
         except Exception:
             return True
-        clean = redact(msg)
+        # redact a little past the cap, so a secret straddling the cut is caught whole
+        clean = redact(msg[: LOG_CAP + 512])
+        if len(msg) > LOG_CAP:
+            clean = f"{clean[:LOG_CAP]}… [{len(msg)} characters, cut to {LOG_CAP}]"
         if clean != msg:
             record.msg, record.args = clean, ()
         return True

@@ -13,60 +13,37 @@ from agent.actions import do_audit
 from agent.models import AuditLog, Step
 from fleet.secrets import MARK, RedactingFilter, redact
 from tests.rails_support import calls, extra_tool, rails_world, verdict
+from tests.secret_corpus import NOT_SECRETS, SECRETS
 
 pytestmark = pytest.mark.django_db
 
-PEM_RSA = """-----BEGIN RSA PRIVATE KEY-----
-MIIEowIBAAKCAQEAu1SU1LfVLPHCozMxH2Mo4lgOEePzNm0tRgeLezV6ffAt0gun
-VTLw7onLRnrq0/IzW7yWR7QkrmBL7jTKEn5u+qKhbwKfBstIs+bMY2Zkp18gnTxK
-LxoS2tFczGkPLPgizskuemMghRniWaoLcyehkd3qqGElvW/VDL5AaWTg0nLVkjRo
------END RSA PRIVATE KEY-----"""
-PEM_OPENSSH = """-----BEGIN OPENSSH PRIVATE KEY-----
-b3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQAAAAAAAAABAAAAMwAAAAtzc2gtZW
-QyNTUxOQAAACDd9Yz0kTq5sWQx8p2lW3cYJm6o9v1eXr3Yy7bT0fJ0nQAAAJgyZ2V0Mmdl
------END OPENSSH PRIVATE KEY-----"""
-
-#: (name, text as it would appear, the secret part that must not survive)
-SHAPES = [
-    ("openai", "OPENAI key sk-Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4zAb7cDe0fGh3iJk6l in env",
-     "Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4z"),
-    ("openai_project", "key=sk-proj-Zq8w1E4r7T0y3U6i9O2p5A8s1D4f7G0h3J6k9L2z5X8c1V4b7N0m3Q6w9E2rT3BlbkFJ",
-     "Zq8w1E4r7T0y3U6i9O2p5A8s1D4f7G0h3J6k9L2z"),
-    ("anthropic", "x-api-key sk-ant-api03-4f3Jk9LmN2pQ7rS1tU5vW8xY0zA3bC6dE9fG2hI5jK8lM1nO4pQ7rS0tU3v-AbCdEfAA",
-     "4f3Jk9LmN2pQ7rS1tU5vW8xY0zA3bC6dE9fG2hI5"),
-    ("github_classic", "git clone https://ghp_1a2B3c4D5e6F7g8H9i0J1k2L3m4N5o6P7q8R@github.com/acme/proving",
-     "1a2B3c4D5e6F7g8H9i0J1k2L3m4N5o6P7q8R"),
-    ("github_fine_grained", "GH_TOKEN=github_pat_11ABCDEFG0123456789abc_0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOP",
-     "0123456789abcdefghijklmnopqrstuvwxyz"),
-    ("aws_access_key_id", "aws_access_key_id = AKIAIOSFODNN7EXAMPLE", "AKIAIOSFODNN7EXAMPLE"),
-    ("slack_bot", "SLACK_BOT_TOKEN=xoxb-1234567890123-1234567890123-AbCdEfGhIjKlMnOpQrStUvWx",
-     "AbCdEfGhIjKlMnOpQrStUvWx"),
-    ("jwt", "cookie session=eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiIxMjM0NTY3ODkwIiwiYWRtaW4iOnRydWV9"
-            ".SflKxwRJSMeKKF2QT4fwpMeJf36POk6yJV_adQssw5c", "SflKxwRJSMeKKF2QT4fwpMeJf36POk6yJV_adQssw5c"),
-    ("pem_rsa", "found key:\n" + PEM_RSA + "\nend", "MIIEowIBAAKCAQEAu1SU1LfVLPHCozMxH2Mo4lgOEePzNm0tRgeLezV6ffAt0gun"),
-    ("pem_openssh", PEM_OPENSSH, "b3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQAAAAAAAAABAAAAMwAAAAtzc2gtZW"),
-    ("bearer_header", "curl -H 'Authorization: Bearer 9f8e7d6c5b4a39281706f5e4d3c2b1a0ffee' https://console.vast.ai/api/v0",
-     "9f8e7d6c5b4a39281706f5e4d3c2b1a0ffee"),
-    ("postgres_url", "HARMONY_DATABASE_URL=postgres://yugabyte:s3cr3t-P4ss@10.0.0.5:5433/yugabyte", "s3cr3t-P4ss"),
-    ("password_pair", "login with user=curio password=hunter2hunter2 now", "hunter2hunter2"),
-    ("api_key_yaml", "vast:\n  api_key: 4d1c7d3e9a2b5c8f0e1d2c3b4a5f6e7d\n", "4d1c7d3e9a2b5c8f0e1d2c3b4a5f6e7d"),
-    ("api_key_json", '{"api_key": "9f8e7d6c5b4a39281706f5e4d3c2b1a0", "region": "eu"}', "9f8e7d6c5b4a39281706f5e4d3c2b1a0"),
-]
-
-#: shapes an earlier redactor missed
-GAPS = [
-    ("aws_secret_access_key", "aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
-     "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"),
-    ("redis_url_no_user", "REDIS_URL=redis://:hunter2hunter2@cache:6379/0", "hunter2hunter2"),
-]
-
-ALL = [pytest.param(*s, id=s[0]) for s in SHAPES + GAPS]
+SHAPES = SECRETS
+ALL = [pytest.param(*s, id=s[0]) for s in SECRETS]
 
 
 @pytest.mark.parametrize(("name", "text", "secret"), ALL)
 def test_redact_removes_the_secret(name, text, secret):
     out = redact(text)
     assert secret not in out and MARK in out
+
+
+@pytest.mark.parametrize(("name", "text"), [pytest.param(*s, id=s[0]) for s in NOT_SECRETS])
+def test_ids_references_and_prose_are_not_redacted(name, text):
+    assert redact(text) == text
+
+
+def test_a_long_log_message_is_cut_before_it_is_redacted(caplog):
+    """A 404 for a 1 MB path logs ``LOG_CAP`` characters of it, and a secret at the cut is caught whole."""
+    from fleet.secrets import LOG_CAP
+
+    caplog.handler.addFilter(RedactingFilter())
+    path = "/" + "a" * (LOG_CAP - 12) + " password=hunter2hunter2 " + "b" * 1_000_000
+    with caplog.at_level(logging.WARNING, logger="django.request"):
+        logging.getLogger("django.request").warning("Not Found: %s", path)
+    (record,) = caplog.records
+    assert "hunter2" not in record.getMessage()
+    assert len(record.getMessage()) < LOG_CAP + 100
+    assert f"{len('Not Found: ') + len(path)} characters, cut to {LOG_CAP}" in record.getMessage()
 
 
 @pytest.mark.parametrize(("name", "text", "secret"), [pytest.param(*s, id=s[0]) for s in SHAPES])

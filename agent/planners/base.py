@@ -6,10 +6,40 @@ planner writing a tool result) is refused by the runtime and halts the run.
 
 import json
 import math
-import re
 from dataclasses import dataclass, field
 
-VERDICT = re.compile(r"<verdict>(.*?)</verdict>", re.S)
+OPEN, CLOSE = "<verdict>", "</verdict>"
+
+
+def verdict_blocks(text: str) -> list[tuple[int, int, str]]:
+    """Every ``<verdict>…</verdict>`` block of ``text``, left to right, as ``(start, end, body)``.
+
+    Found with ``str.find`` (linear): a regex ``<verdict>(.*?)</verdict>`` rescans the rest of
+    the text from every unclosed ``<verdict>``, which is quadratic in model output.
+    """
+    blocks, pos = [], 0
+    text = text or ""
+    while (start := text.find(OPEN, pos)) >= 0:
+        stop = text.find(CLOSE, start + len(OPEN))
+        if stop < 0:
+            break
+        blocks.append((start, stop + len(CLOSE), text[start + len(OPEN):stop]))
+        pos = stop + len(CLOSE)
+    return blocks
+
+
+def without_verdicts(text: str, sep: str = "", strip: bool = False) -> str:
+    """``text`` with its verdict blocks removed, the pieces joined by ``sep``; ``strip`` also drops
+    the whitespace around each block (what a reader sees)."""
+    text = text or ""
+    parts, pos = [], 0
+    for start, end, _ in verdict_blocks(text):
+        parts.append(text[pos:start])
+        pos = end
+    parts.append(text[pos:])
+    if strip:
+        parts = [p.rstrip() if i == 0 else p.lstrip() if i == len(parts) - 1 else p.strip() for i, p in enumerate(parts)]
+    return sep.join(parts)
 
 
 @dataclass
@@ -48,11 +78,11 @@ class Turn:
 
 def parse_verdict(text: str) -> tuple[bool, bool] | None:
     """``(action, state_changed)`` from a ``<verdict>{...}</verdict>`` block, or ``None``."""
-    m = VERDICT.search(text or "")
-    if not m:
+    blocks = verdict_blocks(text)
+    if not blocks:
         return None
     try:
-        data = json.loads(m.group(1))
+        data = json.loads(blocks[0][2])
         return bool(data["action"]), bool(data["state_changed"])
     except (ValueError, KeyError, TypeError):
         return None

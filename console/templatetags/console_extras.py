@@ -6,16 +6,20 @@ register = template.Library()
 
 
 def can_act(user) -> bool:
-    """True for operators (group ``operators``) and superusers; cached on the user object."""
-    if not getattr(user, "is_authenticated", False):
-        return False
-    cached = getattr(user, "_warden_can_act", None)
-    if cached is None:
-        cached = bool(user.is_superuser or user.groups.filter(name="operators").exists())
-        user._warden_can_act = cached
-    return cached
+    """True for operators (group ``operators``) and superusers (the rule: ``console.users``)."""
+    from console.users import can_act as rule
+
+    return rule(user)
 
 
+def role(user) -> str:
+    """The signed-in user's role: superuser, operator or viewer (``console.users.role_of``)."""
+    from console.users import role_of
+
+    return role_of(user)
+
+
+register.filter("role", role)
 register.filter("can_act", can_act)
 
 
@@ -97,6 +101,6 @@ def join_list(value) -> str:
 @register.filter
 def without_verdict(text: str) -> str:
     """The planner's answer without its machine-readable ``<verdict>{…}</verdict>`` block."""
-    import re
+    from agent.planners.base import without_verdicts
 
-    return re.sub(r"\s*<verdict>.*?</verdict>\s*", " ", text or "", flags=re.S).strip()
+    return without_verdicts(text, sep=" ", strip=True).strip()

@@ -37,7 +37,7 @@ from django.db import connections
 
 from fleet.providers.base import Provider, ProviderError, ProviderInstance
 
-ID_RE = re.compile(r"^local-(\d+)$")
+ID_RE = re.compile(r"^local-(\d{1,18})$")
 _extra_env: dict[str, str] = {}
 _children: list[subprocess.Popen] = []  # supervisors we started; polled so none stays a zombie
 

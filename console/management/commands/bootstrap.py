@@ -30,9 +30,10 @@ from django.core.management.base import BaseCommand
 from django.db import DatabaseError
 
 from console.tasks import BEAT_TICK_INTERVAL_S
+from console.users import GROUPS
 
-OPERATORS_GROUP = "operators"
-VIEWERS_GROUP = "viewers"
+OPERATORS_GROUP = GROUPS["operator"]  # the role groups: console.users
+VIEWERS_GROUP = GROUPS["viewer"]
 MONITOR_INTERVAL_S = 60  # the fleet monitor's lifecycle rules (DESIGN.md "Fleet")
 
 

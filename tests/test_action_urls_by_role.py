@@ -1,0 +1,125 @@
+"""Every POST route of ``console/urls.py``, for each role: anonymous → the login page (401 JSON on
+the API), viewer → 403 with nothing done, operator → allowed (users routes: 403), superuser →
+allowed everywhere. The table must name every route, so a new one cannot skip this test."""
+
+import json
+
+import pytest
+from django.contrib.auth.models import User
+from django.urls import URLPattern
+
+from agent.models import Approval, AuditLog, SessionState
+from console import urls
+from fleet.alerts import raise_alert
+from tests.console_support import IDLE, park_stops
+from tests.scenario_world import entry, scenario_world
+
+pytestmark = pytest.mark.django_db(databases=["default", "harmony"])
+
+#: not side-effect routes: pages that only read (tests/test_roles.py checks who sees them), the health
+#: check, and Django's sign-in/sign-out views (the admin is an include, not a pattern here)
+NOT_ACTIONS = {"dashboard", "fleet", "runs", "run", "approvals", "alerts", "actions", "instance", "traces", "users",
+            "healthz", "login", "logout"}
+
+
+def routes(approval_pk: int, alert_pk: int, user_pk: int) -> dict[str, tuple[str, dict, str]]:
+    """``name: (url, POST data, who may: "operator" or "superuser")``."""
+    return {
+        "decide_approval": (f"/approvals/{approval_pk}/decide/", {"decision": "approve"}, "operator"),
+        "ack_alert": (f"/alerts/{alert_pk}/ack/", {"comment": "mine"}, "operator"),
+        "instance_action": ("/instances/v-2/act/", {"action": "reboot", "reason": "x"}, "operator"),
+        "api_instance_action": ("/api/instances/v-2/reboot/", {"reason": "x"}, "operator"),
+        "settings": ("/settings/", {"reason": "x", "limits__max_dph": "1"}, "operator"),
+        "set_observe_only": ("/actions/observe-only/", {"on": "1"}, "operator"),
+        "reset_session": ("/actions/reset/", {}, "operator"),
+        "set_target": ("/actions/target/", {"target": "5"}, "operator"),
+        "post_message": ("/actions/message/", {"text": "hello"}, "operator"),
+        "observe_now": ("/actions/observe/", {}, "operator"),
+        "demo_enqueue": ("/actions/demo/enqueue/", {"n": "1"}, "operator"),
+        "demo_kill": ("/actions/demo/kill/", {}, "operator"),
+        "add_user": ("/users/add/", {"username": "dave", "role": "viewer", "password1": "Correct-Horse-57",
+                                     "password2": "Correct-Horse-57"}, "superuser"),
+        "set_user_role": (f"/users/{user_pk}/role/", {"role": "operator"}, "superuser"),
+        "set_user_active": (f"/users/{user_pk}/active/", {}, "superuser"),
+    }
+
+
+@pytest.fixture
+def world(db):
+    with scenario_world([entry("v-1"), entry("v-2")], IDLE) as provider:
+        run, _ = park_stops("v-1")
+        carol = User.objects.create_user("carol", password="x")
+        yield Approval.objects.get(run=run), raise_alert("workers_dead", "1 dead"), carol, provider
+
+
+@pytest.fixture
+def root(db):
+    return User.objects.create_superuser("root", password="x")
+
+
+def _post(client, url: str, data: dict):
+    if url.startswith("/api/"):
+        return client.post(url, json.dumps(data), content_type="application/json")
+    return client.post(url, data)
+
+
+def _refused_to_login(resp, url: str) -> bool:
+    if url.startswith("/api/"):
+        return resp.status_code == 401 and resp.json()["code"] == "unauthenticated"
+    return resp.status_code == 302 and resp["Location"].startswith("/login/")
+
+
+def test_the_table_names_every_route(world):
+    approval, alert, carol, _ = world
+    names = {p.name for p in urls.urlpatterns if isinstance(p, URLPattern)}
+    assert set(routes(approval.pk, alert.pk, carol.pk)) == names - NOT_ACTIONS
+
+
+def test_anonymous_users_are_sent_to_sign_in(client, world):
+    approval, alert, carol, _ = world
+    before = AuditLog.objects.count()
+    for name, (url, data, _) in routes(approval.pk, alert.pk, carol.pk).items():
+        assert _refused_to_login(_post(client, url, data), url), name
+    assert AuditLog.objects.count() == before
+    assert not User.objects.filter(username="dave").exists()
+
+
+def test_viewers_get_403_and_nothing_is_done(client, bob, world):
+    approval, alert, carol, provider = world
+    before = AuditLog.objects.count()
+    client.force_login(bob)
+    for name, (url, data, _) in routes(approval.pk, alert.pk, carol.pk).items():
+        assert _post(client, url, data).status_code == 403, name
+    assert AuditLog.objects.count() == before
+    assert Approval.objects.get(pk=approval.pk).status == "waiting"
+    assert SessionState.get().observe_only is False and SessionState.get().epoch == 1
+    assert not User.objects.filter(username="dave").exists() and User.objects.get(pk=carol.pk).is_active
+    assert "reboot_instance" not in [c for c, _ in provider.calls]
+
+
+def test_operators_may_act_but_not_manage_users(client, alice, world, broker_queue):
+    approval, alert, carol, _ = world
+    client.force_login(alice)
+    for name, (url, data, who) in routes(approval.pk, alert.pk, carol.pk).items():
+        resp = _post(client, url, data)
+        if who == "superuser":
+            assert resp.status_code == 403 and b"only superusers manage users" in resp.content, name
+        else:
+            assert resp.status_code not in (401, 403) and not _refused_to_login(resp, url), (name, resp.status_code)
+    assert not User.objects.filter(username="dave").exists() and User.objects.get(pk=carol.pk).is_active
+    done = set(AuditLog.objects.filter(actor="user:alice").values_list("verb", flat=True))
+    assert {"ack_alert", "approve_call", "chat_message", "demo_enqueue", "observe_now", "reboot_instance",
+            "reset_session", "set_observe_only", "set_target"} <= done
+
+
+def test_superusers_may_manage_users(client, root, world):
+    approval, alert, carol, _ = world
+    client.force_login(root)
+    for name, (url, data, who) in routes(approval.pk, alert.pk, carol.pk).items():
+        if who == "superuser":
+            resp = _post(client, url, data)
+            assert resp.status_code == 302 and resp["Location"] == "/users/", (name, resp.status_code, resp.content[:300])
+    assert User.objects.get(username="dave").groups.filter(name="viewers").exists()
+    assert not User.objects.get(pk=carol.pk).is_active
+    assert [r.verb for r in AuditLog.objects.filter(actor="user:root").order_by("id")] == [
+        "add_user", "set_role", "deactivate_user"]
