@@ -15,7 +15,7 @@ def get_source(name: str | None = None):
     if name in ("local", "curio"):
         from fleet.demand.curio import HarmonyDemandSource
 
-        return HarmonyDemandSource()
+        return HarmonyDemandSource(kind=name)
     raise DemandError(f"unknown demand source {name!r}; set WARDEN_DEMAND_SOURCE=local")
 
 
