@@ -209,13 +209,17 @@ def set_unschedulable(machine_name: str, value: bool, alias: str = HARMONY_ALIAS
         if sqlstate(exc) != "42501":
             raise
         with connections[alias].cursor() as cur:
-            cur.execute("SELECT current_user")
-            role = cur.fetchone()[0]
+            cur.execute(
+                "SELECT current_user, (SELECT n.nspname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n "
+                "ON n.oid = c.relnamespace WHERE c.oid = to_regclass('harmony_machines'))"
+            )
+            role, schema = cur.fetchone()
+        schema = schema or "curio"
         if "harmony_machine_details" in str(exc):
-            need = f"GRANT SELECT ON curio.harmony_machine_details TO {role}"
+            need = f"GRANT SELECT ON {schema}.harmony_machine_details TO {role}"
             what = "SELECT on harmony_machine_details (to find the node by name)"
         else:
-            need = f"GRANT UPDATE (unschedulable) ON curio.harmony_machines TO {role}"
+            need = f"GRANT UPDATE (unschedulable) ON {schema}.harmony_machines TO {role}"
             what = "UPDATE on harmony_machines"
         raise DemandError(
             f"cordon refused by Curio's database: role {role} lacks {what}; grant it ({need}) "

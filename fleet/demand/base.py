@@ -69,7 +69,7 @@ class DemandReading:
 
     @classmethod
     def unknown(cls, error: str, taken_at: datetime | None = None) -> "DemandReading":
-        return cls(state="unknown", error=error, taken_at=taken_at)
+        return cls(state="unknown", error=error, taken_at=taken_at, unmatched=None)
 
 
 class DemandError(Exception):
