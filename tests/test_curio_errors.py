@@ -242,3 +242,26 @@ def test_an_unreachable_curio_names_the_setting_without_the_demo_hint(curio):  #
     assert r.state == "unknown" and r.queued is None
     assert "Curio's database" in r.error and "HARMONY_DATABASE_URL" in r.error
     assert no_demo_hint(r.error)
+
+
+# -- at start -----------------------------------------------------------------------------------------
+def test_bootstrap_checks_a_real_curio_and_creates_nothing_in_it(curio):  # noqa: F811
+    from console.management.commands.bootstrap import prepare_demo
+
+    curio.sql("ALTER TABLE curio.harmony_machines DROP COLUMN unschedulable")
+    assert prepare_demo() == (
+        "warden: Curio's database: schema: curio.harmony_machines has no column unschedulable "
+        "(added by Curio migration 20250111-machine-maintenance: upgrade Curio)"
+    )
+
+    curio.sql("CREATE SCHEMA elsewhere")
+    conn = connections["harmony"]
+    conn.close()
+    conn.settings_dict["OPTIONS"] = {**conn.settings_dict["OPTIONS"], "options": "-c search_path=elsewhere"}
+    try:
+        message = prepare_demo()
+        created = curio.sql("SELECT count(*) FROM information_schema.tables WHERE table_schema = 'elsewhere'")
+    finally:
+        curio.sql("DROP SCHEMA elsewhere CASCADE")
+    assert "no table harmony_machines on search_path 'elsewhere'" in message and "?search_path=curio" in message
+    assert created == [(0,)]  # empty demo tables beside Curio's would read as "no demand"
