@@ -194,7 +194,8 @@ DASHBOARD_REGIONS = {
 
 
 def _page_context(request, **extra) -> dict:
-    ctx = {"can_act": can_act(request.user)}
+    # the demo's own controls (add tasks, kill a worker) are not offered against a real Curio
+    ctx = {"can_act": can_act(request.user), "demo_queue": settings.WARDEN["DEMAND_SOURCE"] == "local"}
     ctx.update(extra)
     return ctx
 

@@ -213,3 +213,13 @@ def test_it_lists_worker_rows_no_instance_matches(client, alice):
     assert "1 unmatched: 172.17.0.2:12300 cordoned" in html
     assert "shared host:port: 127.0.0.1:12300 ×2" in html
     assert "dead</div>" not in html
+
+
+def test_it_offers_the_demo_controls_only_for_the_demo_queue(client, alice, settings):
+    client.force_login(alice)
+    assert "Add tasks" in client.get("/").content.decode()
+
+    settings.WARDEN = {**settings.WARDEN, "DEMAND_SOURCE": "curio"}
+    html = client.get("/").content.decode()
+    assert "Add tasks" not in html and "Kill one worker" not in html
+    assert "Trigger observe cycle now" in html
