@@ -187,7 +187,7 @@ def read_and_record_demand(instances) -> DemandReading:
             + (f", {reading.backlog} in the backlog" if reading.backlog else ""),
             severity="P0" if not reading.workers_live else "P1",
         )
-    elif reading.state == "ok":
+    elif reading.state == "ok" and reading.workers_dead == 0:  # unknown (None) resolves nothing
         resolve("workers_dead")
     emit("demand-changed")
     return reading

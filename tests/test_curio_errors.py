@@ -265,3 +265,17 @@ def test_bootstrap_checks_a_real_curio_and_creates_nothing_in_it(curio):  # noqa
         curio.sql("DROP SCHEMA elsewhere CASCADE")
     assert "no table harmony_machines on search_path 'elsewhere'" in message and "?search_path=curio" in message
     assert created == [(0,)]  # empty demo tables beside Curio's would read as "no demand"
+
+
+def test_unknown_worker_counts_do_not_resolve_a_workers_dead_alert(curio):  # noqa: F811
+    from fleet.models import Alert
+
+    instance("vast-101")  # no row: dead
+    read_and_record_demand(instances())
+    assert Alert.objects.get(kind="workers_dead").state == "firing"
+
+    curio.sql("ALTER TABLE curio.harmony_machine_details DROP COLUMN machine_name")
+    r = read_and_record_demand(instances())
+
+    assert r.state == "ok" and r.workers_dead is None
+    assert Alert.objects.get(kind="workers_dead").state == "firing"

@@ -94,3 +94,21 @@ def test_the_observation_lists_unmatched_rows_with_their_host_and_port(curio):  
         {"host_and_port": "172.17.0.2:12300", "name": "", "live": True, "cordoned": True, "owned_tasks": 0}
     ]
     assert view["workers_dead"] == 0 and view["workers_cordoned"] == 1
+
+
+def test_a_rowless_instance_may_own_the_tasks_of_a_live_unnamed_row_so_its_stop_needs_an_operator(curio):  # noqa: F811
+    from agent.guards import check
+    from agent.observe import read_and_record_demand
+    from agent.policy import effective_limits, effective_policy
+
+    unnamed = curio.machine("", age_s=20, host="172.17.0.2:12300")
+    curio.task("PoRep", owner=unnamed)
+    instance("vast-102")
+    insts = instances()
+    w = World(insts, read_and_record_demand(insts), effective_limits(), effective_policy())
+
+    refusal = check("stop_instance", {"instance_id": "vast-102", "reason": "idle"}, "key-1", w,
+                    override={"demand_guard", "hold_off"})
+
+    assert w.demand.workers["vast-102"].owned_tasks == 1 and not w.demand.workers["vast-102"].live
+    assert refusal is not None and refusal.code == "owned_tasks"

@@ -170,6 +170,10 @@ class HarmonyDemandSource:
       of them stand in for such instances — a cordoned one counts as cordoned, the others keep
       the instance out of ``workers_dead`` (they are never folded into "dead");
     - ``workers_dead``: the rest of the expected — stale heartbeat or no row at all;
+    - ``workers`` has a :class:`WorkerView` for every named row (the newest per name) and one with
+      ``live=False`` for every expected instance without a row; while live unnamed rows own tasks,
+      each instance without a row is shown owning them (it may be one of those rows), so no stop
+      or destroy of it passes ``owned_tasks`` without an operator;
     - ``proofs_hr``: successful history rows of proving tasks with ``work_end`` in the last hour;
       ``proof_s``: median ``work_end - work_start`` of the newest ``PROOF_SAMPLE`` successful ones
       within ``PROOF_WINDOW`` (None when there are none);
@@ -446,6 +450,13 @@ class HarmonyDemandSource:
         )[:norow]
         cordoned += sum(1 for x in stand_ins if x["cordoned"])
         unnamed_live = sum(1 for x in stand_ins if not x["cordoned"])
+        # which instance an unnamed row is cannot be known: each row-less instance may own its tasks
+        maybe_owned = sum(x["owned_tasks"] for x in unmatched if not x["name"] and x["live"])
+        if maybe_owned:
+            for inst in instances:
+                view = workers.get(inst.worker_name or inst.external_id)
+                if view is not None and view.machine_id is None:
+                    view.owned_tasks = maybe_owned
         expected = len(expected_insts)
         return {
             "workers_expected": expected,
