@@ -2,7 +2,9 @@
 
 Source: ``../shared/reference/curio.md`` §3.2 (tables and columns at Curio HEAD 2026-08).
 The tables live in the database alias ``harmony``; against a real Curio point
-HARMONY_DATABASE_URL at its Yugabyte/PostgreSQL with ``?options=-csearch_path%3Dcurio``.
+HARMONY_DATABASE_URL at its Yugabyte/PostgreSQL with ``?search_path=curio`` (Curio's form; settings
+turn it into ``?options=-csearch_path%3Dcurio``). The sealing pipeline tables are read for the
+backlog of proofs Curio has not queued yet.
 The demo (SQLite by default) creates them with :func:`ensure_schema`.
 """
 
