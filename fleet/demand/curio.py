@@ -96,7 +96,7 @@ class Probe:
     search_path: str = ""
 
 
-_probes: dict[str, Probe] = {}
+_probes: dict[tuple[str, str], Probe] = {}  # (alias, kind) -> the newest probe
 
 
 def forget_probes() -> None:
@@ -202,14 +202,14 @@ class HarmonyDemandSource:
     # -- the probe ----------------------------------------------------------------------------
     def probe(self, force: bool = False) -> Probe:
         """The tables and columns Warden needs, checked; cached until a read fails or a problem shows."""
-        cached = _probes.get(self.using)
+        cached = _probes.get((self.using, self.kind))
         if cached is not None and not cached.problems and not force:
             return cached
         try:
             found = self._retrying(self._probe_once)
         except DatabaseError as exc:
             raise DemandError(self._unreadable(exc)) from exc
-        _probes[self.using] = found
+        _probes[(self.using, self.kind)] = found
         return found
 
     def _probe_once(self) -> Probe:
@@ -256,9 +256,9 @@ class HarmonyDemandSource:
         return line + "; a newer Curio)"
 
     def _missing_column(self, table: str, schema: str, column: str, migration: str | None) -> str:
-        fq = f"{schema}.{table}" if self.kind == "curio" else table
         if self.kind != "curio":
             return f"schema: the demo queue's {table} has no column {column}; run `python manage.py demo prepare`"
+        fq = f"{schema}.{table}"
         added = f"added by Curio migration {migration}: upgrade Curio" if migration else "Warden expects a newer Curio"
         return f"schema: {fq} has no column {column} ({added})"
 
