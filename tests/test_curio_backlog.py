@@ -102,3 +102,23 @@ def test_the_queue_is_not_idle_while_the_backlog_is_not_empty(curio):  # noqa: F
     assert (w.demand.queued, w.demand.running, w.demand.backlog) == (0, 0, 1)
     assert w.demand.idle_since is None
     assert DemandSample.objects.latest("taken_at").idle_since is None
+
+
+def test_a_cycle_with_only_backlog_launches_and_reports_it(curio):  # noqa: F811
+    from agent.loop import run_cycle
+    from fleet import demand as demand_mod
+    from tests.scenario_world import scenario_world
+
+    curio.snap_sector(1)
+    with scenario_world([], {"state": "unknown"}) as provider:
+        demand_mod.set_override(None)  # the demand is the Curio database's, not the scenario's
+        provider.offers = [{"id": "o-1", "gpu_name": "RTX 4090", "dph": 0.42, "machine_id": 5512}]
+        run = run_cycle("heartbeat", planner=RulesPlanner())
+
+    launches = [s for s in run.steps.filter(kind="call", tool="launch_instance")]
+    assert [s.outcome for s in launches] == ["executed"]  # P0: no worker is live
+    assert "launch_instance" in [c for c, _ in provider.calls]
+    answer = run.steps.filter(kind="text").order_by("-seq").values_list("text", flat=True).first()
+    assert "queued 0, backlog 1" in answer
+    observed = run.steps.get(kind="observe").observation
+    assert '"backlog": 1' in observed and '"queued": 0' in observed

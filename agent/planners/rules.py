@@ -194,7 +194,8 @@ class RulesPlanner(Planner):
         parts = [] if d.state == "ok" else [f"Demand is {d.state}: no scale-down until it reads ok."]
         if ctx.world.provider_error:
             parts.append(f"The fleet could not be read ({ctx.world.provider_error}); nothing was changed.")
-        parts += [f"Demand {d.state}: queued {d.queued if d.queued is not None else 'unknown'}, "
+        backlog = f", backlog {d.backlog}" if d.backlog else ""
+        parts += [f"Demand {d.state}: queued {d.queued if d.queued is not None else 'unknown'}{backlog}, "
                  f"workers {d.workers_live if d.workers_live is not None else '?'}/{d.workers_expected if d.workers_expected is not None else '?'} live."]
         if side:
             parts.append("Did: " + ", ".join(f"{s.tool}({(s.args or {}).get('instance_id', '')})".replace("()", "") for s in side) + ".")
