@@ -8,7 +8,8 @@ approved call (an approval granted on stale facts executes nothing).
 
 Rules and their sources:
 - scale-down (stop/destroy of a non-terminal instance) is refused while demand is not ``ok``,
-  tasks are queued, or an expected worker is dead (seed 002; autoscalers.md §1.7 rules 2, 12);
+  tasks are queued or in the pipeline backlog (or the backlog could not be read), or an expected
+  worker is dead (seed 002; autoscalers.md §1.7 rules 2, 12; SCENARIOS.md version 2 ``backlog``);
   demand is re-read right before the check;
 - never while the instance's worker owns tasks (curio.md §3.3; autoscalers.md rule 4);
 - only after the queue has been empty for the dwell and not within the hold-off after a launch
@@ -151,8 +152,11 @@ def check(tool: str, args: dict, key: str, world, *, batch_prior: list[tuple[str
                 return Refusal("demand_guard", f"demand is {d.state}: {d.error or 'no fresh read'}; no scale-down without a good read")
             if None in (d.queued, d.running, d.workers_expected, d.workers_live, d.workers_dead):
                 return Refusal("demand_guard", "the demand read is missing counts (queued, running or workers); unknown is never zero")
-            if d.queued:
-                return Refusal("demand_guard", f"{d.queued} tasks queued; {d.workers_expected} workers expected, {d.workers_live} live")  # counts known here
+            if d.queued or d.backlog:
+                waiting = f"{d.queued} tasks queued" + (f", {d.backlog} in the backlog" if d.backlog else "")
+                return Refusal("demand_guard", f"{waiting}; {d.workers_expected} workers expected, {d.workers_live} live")  # counts known here
+            if "backlog" in d.unreadable:
+                return Refusal("demand_guard", f"the pipeline backlog is unknown ({d.unreadable['backlog']}); unknown is never zero")
             if d.workers_dead:
                 return Refusal("demand_guard", f"{d.workers_dead} expected worker(s) dead; {d.workers_expected} expected, {d.workers_live} live")
         # owned_tasks

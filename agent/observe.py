@@ -114,9 +114,12 @@ class World:
             "workers_live": reading.workers_live,
             "workers_dead": reading.workers_dead,
             "workers_cordoned": reading.workers_cordoned,
+            "backlog": reading.backlog,
             "proofs_hr": reading.proofs_hr,
+            "proof_s": reading.proof_s,
             "active": reading.active,
             "idle_min": idle_min,
+            **unmatched_view(reading),
         }
 
     def summary(self) -> dict:
@@ -131,12 +134,30 @@ class World:
         }
 
 
+def unmatched_view(reading: DemandReading) -> dict:
+    """Worker rows no instance matches (count and ``host:port``, at most 10 listed), ``host_and_port``
+    values several rows share, and the fields the source could not read: for the observation and
+    the sample's ``detail``. Empty when there is nothing to say."""
+    out = {}
+    if reading.unmatched:
+        out["workers_unmatched"] = len(reading.unmatched)
+        out["unmatched"] = [
+            {k: u[k] for k in ("host_and_port", "name", "live", "cordoned", "owned_tasks")} for u in reading.unmatched[:10]
+        ]
+    if reading.shared_hosts:
+        out["shared_host_and_port"] = {hp: len(ids) for hp, ids in list(reading.shared_hosts.items())[:10]}
+    if reading.unreadable:
+        out["unreadable"] = dict(reading.unreadable)
+    return out
+
+
 def read_and_record_demand(instances) -> DemandReading:
     """Read demand, derive ``idle_since`` from earlier samples when the source does not know it,
     store a :class:`DemandSample`, raise/resolve ``demand_unknown`` and ``workers_dead``."""
     reading = read_demand(instances)
     prev = DemandSample.objects.filter(state="ok").order_by("-taken_at").first()
-    if reading.state == "ok" and reading.idle_since is None and reading.queued == 0 and not reading.running:
+    if (reading.state == "ok" and reading.idle_since is None and reading.queued == 0 and not reading.running
+            and not reading.backlog):
         reading.idle_since = prev.idle_since if prev and prev.idle_since else reading.taken_at
     DemandSample.objects.create(
         taken_at=reading.taken_at or clock.now(),
@@ -148,9 +169,12 @@ def read_and_record_demand(instances) -> DemandReading:
         workers_live=reading.workers_live,
         workers_dead=reading.workers_dead,
         workers_cordoned=reading.workers_cordoned,
+        backlog=reading.backlog,
         proofs_hr=reading.proofs_hr,
+        proof_s=reading.proof_s,
         active=reading.active,
         idle_since=reading.idle_since if reading.state == "ok" else None,
+        detail=unmatched_view(reading),
     )
     if reading.state != "ok":
         raise_alert("demand_unknown", f"demand is {reading.state}: {reading.error or 'no fresh read'}", severity="P1")
@@ -159,10 +183,11 @@ def read_and_record_demand(instances) -> DemandReading:
     if reading.workers_dead:
         raise_alert(
             "workers_dead",
-            f"{reading.workers_dead} of {reading.workers_expected} expected workers dead; {reading.queued} tasks queued",
+            f"{reading.workers_dead} of {reading.workers_expected} expected workers dead; {reading.queued} tasks queued"
+            + (f", {reading.backlog} in the backlog" if reading.backlog else ""),
             severity="P0" if not reading.workers_live else "P1",
         )
-    elif reading.state == "ok":
+    elif reading.state == "ok" and reading.workers_dead == 0:  # unknown (None) resolves nothing
         resolve("workers_dead")
     emit("demand-changed")
     return reading

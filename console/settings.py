@@ -5,6 +5,7 @@ Bad values stop the process with one line that names the setting and what to do
 """
 
 import os
+import re
 import secrets
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -142,6 +143,20 @@ TEMPLATES = [
 
 
 # --- databases -------------------------------------------------------------------------------
+def _search_path_option(setting: str, raw: str, options: dict) -> None:
+    """Accept Curio's URL form ``?search_path=curio``: libpq has no such parameter, so it becomes
+    the server option ``-c search_path=curio`` (what ``?options=-csearch_path%3Dcurio`` says).
+    A value that is not a comma-separated list of schema names stops with the working form."""
+    path = options.pop("search_path", None)
+    if path is None:
+        return
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_$]*(,[A-Za-z_][A-Za-z0-9_$]*)*", str(path)):
+        _fail(setting, raw, f"search_path={path!r} is not a comma-separated list of schema names; "
+                            "for Curio use ?search_path=curio (or ?options=-csearch_path%3Dcurio)")
+    extra = f"-c search_path={path}"
+    options["options"] = f"{options['options']} {extra}" if options.get("options") else extra
+
+
 def _db(setting: str, default_sqlite: Path) -> dict:
     """Parse database URL setting ``setting`` (unset: SQLite file ``default_sqlite``, WAL mode)."""
     raw = os.environ.get(setting, "")
@@ -167,6 +182,7 @@ def _db(setting: str, default_sqlite: Path) -> dict:
     cfg.setdefault("OPTIONS", {})
     if cfg["ENGINE"].endswith("postgresql"):
         cfg["OPTIONS"].setdefault("connect_timeout", 5)
+        _search_path_option(setting, raw, cfg["OPTIONS"])
     cfg["CONN_HEALTH_CHECKS"] = True
     return cfg
 
@@ -263,8 +279,11 @@ WARDEN = {
     "HOLD_OFF_MIN": envfloat("WARDEN_HOLD_OFF_MIN", 10),
     # a worker counts as expected only this long after its instance started
     "STARTUP_GRACE_S": envint("WARDEN_STARTUP_GRACE_S", 60, minimum=0),
-    # a worker is live when its heartbeat is younger than this many heartbeat intervals
+    # the demo workers' heartbeat, seconds: one is live while its heartbeat is younger than 3 of them
     "HEARTBEAT_S": envint("WARDEN_HEARTBEAT_S", 5, minimum=1),
+    # a real Curio node's heartbeat (WARDEN_DEMAND_SOURCE=curio), seconds: Curio updates
+    # last_contact every 60 s; a node is live while its heartbeat is younger than 3 of them
+    "CURIO_HEARTBEAT_S": envint("WARDEN_CURIO_HEARTBEAT_S", 60, minimum=1),
     # caps
     "MAX_INSTANCES": envint("WARDEN_MAX_INSTANCES", 4, minimum=0),
     "MAX_DPH": envfloat("WARDEN_MAX_DPH", 10.0),

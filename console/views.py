@@ -197,7 +197,8 @@ DASHBOARD_REGIONS = {
 
 
 def _page_context(request, **extra) -> dict:
-    ctx = {"can_act": can_act(request.user)}
+    # the demo's own controls (add tasks, kill a worker) are not offered against a real Curio
+    ctx = {"can_act": can_act(request.user), "demo_queue": settings.WARDEN["DEMAND_SOURCE"] == "local"}
     ctx.update(extra)
     return ctx
 
@@ -684,6 +685,8 @@ def run_instance_action(inst: Instance, action: str, *, actor: str, reason: str,
         return exc.status, exc.code, exc.detail
     except ProviderError as exc:
         return 502, "provider_error", _why(exc)
+    except DemandError as exc:  # Curio's database refused the cordon (e.g. a read-only role): says which grant
+        return 503, "harmony_error", _why(exc)
     except ValueError as exc:
         return 400, "invalid", str(exc)
     return 200, "ok", f"{action} of {inst.external_id} sent"

@@ -20,7 +20,7 @@ def _demo_only(what: str) -> None:
     source = settings.WARDEN["DEMAND_SOURCE"]
     if source != "local":
         raise DemandError(
-            f"{what} writes demo tasks; refused because WARDEN_DEMAND_SOURCE={source} (a real Curio). "
+            f"{what} writes to the demo queue; refused because WARDEN_DEMAND_SOURCE={source} (a real Curio). "
             "Use WARDEN_DEMAND_SOURCE=local for the demo"
         )
 
@@ -29,8 +29,10 @@ def prepare() -> list[str]:
     """Create the HarmonyDB tables on alias ``harmony`` if missing (idempotent).
 
     Returns the names of the tables created (empty when all exist). Raises ``DemandError``
-    naming HARMONY_DATABASE_URL when the database cannot be reached.
+    naming HARMONY_DATABASE_URL when the database cannot be reached, and refuses for a real Curio
+    (its tables are Curio's to create).
     """
+    _demo_only("demo prepare")
     try:
         return ensure_schema(HARMONY_ALIAS)
     except DatabaseError as exc:

@@ -2,7 +2,9 @@
 
 Source: ``../shared/reference/curio.md`` §3.2 (tables and columns at Curio HEAD 2026-08).
 The tables live in the database alias ``harmony``; against a real Curio point
-HARMONY_DATABASE_URL at its Yugabyte/PostgreSQL with ``?options=-csearch_path%3Dcurio``.
+HARMONY_DATABASE_URL at its Yugabyte/PostgreSQL with ``?search_path=curio`` (Curio's form; settings
+turn it into ``?options=-csearch_path%3Dcurio``). The sealing pipeline tables are read for the
+backlog of proofs Curio has not queued yet.
 The demo (SQLite by default) creates them with :func:`ensure_schema`.
 """
 
@@ -82,7 +84,57 @@ class HarmonyTaskHistory(models.Model):
         app_label = "fleet"
 
 
-HARMONY_MODELS = [HarmonyMachine, HarmonyMachineDetails, HarmonyTask, HarmonyTaskHistory]
+class SectorsSnapPipeline(models.Model):
+    """``sectors_snap_pipeline`` (Curio migration 20240611-snap-pipeline): one SnapDeals sector.
+
+    Only the columns the demand reader needs: a sector with ``after_encode`` and not
+    ``after_prove`` and no ``task_id_prove`` waits for an UpdateProve (curio.md §4).
+    """
+
+    pk = models.CompositePrimaryKey("sp_id", "sector_number")
+    sp_id = models.BigIntegerField()
+    sector_number = models.BigIntegerField()
+    after_encode = models.BooleanField(default=False)
+    task_id_prove = models.BigIntegerField(null=True)
+    after_prove = models.BooleanField(default=False)
+
+    class Meta:
+        managed = False
+        db_table = "sectors_snap_pipeline"
+        app_label = "fleet"
+
+
+class SectorsSdrPipeline(models.Model):
+    """``sectors_sdr_pipeline`` (Curio migration 20231217-sdr-pipeline): one sector being sealed.
+
+    A sector whose precommit landed (``after_precommit_msg_success``, ``seed_epoch`` set) with no
+    ``task_id_porep``, not ``after_porep`` and not ``failed`` waits for a PoRep (curio.md §4;
+    approximate: Curio also waits for the chain to pass the seed epoch).
+    """
+
+    pk = models.CompositePrimaryKey("sp_id", "sector_number")
+    sp_id = models.BigIntegerField()
+    sector_number = models.BigIntegerField()
+    seed_epoch = models.BigIntegerField(null=True)
+    after_precommit_msg_success = models.BooleanField(default=False)
+    task_id_porep = models.BigIntegerField(null=True)
+    after_porep = models.BooleanField(default=False)
+    failed = models.BooleanField(default=False)
+
+    class Meta:
+        managed = False
+        db_table = "sectors_sdr_pipeline"
+        app_label = "fleet"
+
+
+HARMONY_MODELS = [
+    HarmonyMachine,
+    HarmonyMachineDetails,
+    HarmonyTask,
+    HarmonyTaskHistory,
+    SectorsSnapPipeline,
+    SectorsSdrPipeline,
+]
 
 
 class HarmonyRouter:
@@ -125,13 +177,53 @@ def ensure_schema(alias: str = HARMONY_ALIAS) -> list[str]:
     return created
 
 
+def sqlstate(exc: BaseException) -> str | None:
+    """The SQLSTATE of a database error (psycopg's ``sqlstate`` behind Django's wrapper), or None."""
+    seen = exc
+    while seen is not None:
+        code = getattr(seen, "sqlstate", None) or getattr(seen, "pgcode", None)
+        if code:
+            return code
+        seen = seen.__cause__
+    return None
+
+
 def set_unschedulable(machine_name: str, value: bool, alias: str = HARMONY_ALIAS) -> int:
     """Cordon (``True``) or uncordon a Curio node by its ``machine_name``; returns rows changed.
 
     Curio's cordon bit is ``harmony_machines.unschedulable`` (curio.md §3.3): the node finishes
-    what it owns and takes no new work.
+    what it owns and takes no new work. Raises ``fleet.demand.base.DemandError`` naming the grant
+    when the database role may not write it (SQLSTATE 42501, e.g. the console's read-only role).
     """
-    ids = list(
-        HarmonyMachineDetails.objects.using(alias).filter(machine_name=machine_name).values_list("machine_id", flat=True)
-    )
-    return HarmonyMachine.objects.using(alias).filter(id__in=ids).update(unschedulable=value)
+    from django.db import DatabaseError, transaction
+
+    from fleet.demand.base import DemandError
+
+    try:
+        with transaction.atomic(using=alias):
+            ids = list(
+                HarmonyMachineDetails.objects.using(alias)
+                .filter(machine_name=machine_name)
+                .values_list("machine_id", flat=True)
+            )
+            return HarmonyMachine.objects.using(alias).filter(id__in=ids).update(unschedulable=value)
+    except DatabaseError as exc:
+        if sqlstate(exc) != "42501":
+            raise
+        with connections[alias].cursor() as cur:
+            cur.execute(
+                "SELECT current_user, (SELECT n.nspname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n "
+                "ON n.oid = c.relnamespace WHERE c.oid = to_regclass('harmony_machines'))"
+            )
+            role, schema = cur.fetchone()
+        schema = schema or "curio"
+        if "harmony_machine_details" in str(exc):
+            need = f"GRANT SELECT ON {schema}.harmony_machine_details TO {role}"
+            what = "SELECT on harmony_machine_details (to find the node by name)"
+        else:
+            need = f"GRANT UPDATE (unschedulable) ON {schema}.harmony_machines TO {role}"
+            what = "UPDATE on harmony_machines"
+        raise DemandError(
+            f"cordon refused by Curio's database: role {role} lacks {what}; grant it ({need}) "
+            "or cordon the node in Curio's web UI"
+        ) from exc

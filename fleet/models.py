@@ -73,7 +73,11 @@ class DemandSample(models.Model):
 
     ``state``: ``ok`` (read succeeded), ``unknown`` (the source could not be read: every count is
     null, never zero), ``stale`` (the newest good read is too old). ``idle_since`` is when the
-    queue was last seen becoming empty (null while tasks are queued or running).
+    queue was last seen becoming empty (null while tasks are queued, in the backlog or running).
+    ``backlog``: work waiting in Curio's pipeline tables with no queue row yet; ``proof_s``: the
+    measured median seconds per proof (null: not measured). ``detail``: worker rows no instance
+    matches, shared ``host_and_port`` values and fields the source could not read
+    (``agent.observe.unmatched_view``).
     """
 
     STATES = [("ok", "ok"), ("unknown", "unknown"), ("stale", "stale")]
@@ -86,7 +90,9 @@ class DemandSample(models.Model):
     workers_live = models.IntegerField(null=True)
     workers_dead = models.IntegerField(null=True)
     workers_cordoned = models.IntegerField(null=True)
+    backlog = models.IntegerField(null=True)
     proofs_hr = models.FloatField(null=True)
+    proof_s = models.FloatField(null=True)
     active = models.BooleanField(null=True)
     idle_since = models.DateTimeField(null=True)
     detail = models.JSONField(default=dict, blank=True)

@@ -9,6 +9,7 @@ from datetime import timedelta
 
 import pytest
 from django.db import connections
+from django.db.models.functions import Now
 
 from agent.loop import run_cycle
 from agent.models import Approval
@@ -37,8 +38,8 @@ def add_running(cloud, ext: str) -> Instance:
 
 
 def heartbeat(name: str) -> HarmonyMachine:
-    """The worker ``name`` reports in to HarmonyDB now (virtual time)."""
-    m = HarmonyMachine.objects.create(last_contact=clock.now(), host_and_port=f"{name}:12300")
+    """The worker ``name`` reports in to HarmonyDB now (the database's clock, which liveness is measured on)."""
+    m = HarmonyMachine.objects.create(last_contact=Now(), host_and_port=f"{name}:12300")
     HarmonyMachineDetails.objects.create(machine=m, machine_name=name)
     return m
 
@@ -70,7 +71,8 @@ def test_workers_dead_is_raised_once_per_episode_and_resolved_when_the_worker_is
     assert (a.state, a.resolved_at) == ("resolved", clock.now())
 
     # a new episode makes a new alert
-    vclock.advance(60)  # the heartbeat is now stale (> 3 × 5 s)
+    vclock.advance(60)
+    HarmonyMachine.objects.filter(pk=m.pk).update(last_contact=Now() - timedelta(seconds=60))  # stale: > 3 × 5 s
     observe_once()
     observe_once()
     assert [x.state for x in alerts("workers_dead")] == ["resolved", "firing"]

@@ -178,3 +178,48 @@ def test_it_says_how_many_workers_are_still_in_their_startup_grace(client, alice
                                 workers_live=0, workers_dead=0)
     client.force_login(alice)
     assert "2 starting (not yet expected)" in client.get("/").content.decode()
+
+
+def test_it_shows_the_queue_and_the_pipeline_backlog_apart(client, alice):
+    DemandSample.objects.create(taken_at=timezone.now(), state="ok", queued=0, running=0, backlog=4,
+                                workers_expected=0, workers_live=0, workers_dead=0, proof_s=41.6)
+    client.force_login(alice)
+    html = client.get("/").content.decode()
+    assert 'id="card-queued">0' in html
+    assert "backlog 4</div>" in html
+    assert "42 s per proof" in html
+
+
+def test_it_says_an_unknown_backlog_is_unknown(client, alice):
+    DemandSample.objects.create(taken_at=timezone.now(), state="ok", queued=2, running=0, backlog=None,
+                                workers_expected=0, workers_live=0, workers_dead=0,
+                                error="grant: role warden_ro may not read curio.sectors_snap_pipeline")
+    client.force_login(alice)
+    html = client.get("/").content.decode()
+    assert "backlog unknown</div>" in html
+    assert "partial read: grant: role warden_ro may not read curio.sectors_snap_pipeline" in html
+
+
+def test_it_lists_worker_rows_no_instance_matches(client, alice):
+    DemandSample.objects.create(
+        taken_at=timezone.now(), state="ok", queued=0, running=0, backlog=0, workers_expected=1, workers_live=0,
+        workers_dead=0, workers_cordoned=1,
+        detail={"workers_unmatched": 1,
+                "unmatched": [{"host_and_port": "172.17.0.2:12300", "name": "", "live": True, "cordoned": True,
+                               "owned_tasks": 0}],
+                "shared_host_and_port": {"127.0.0.1:12300": 2}})
+    client.force_login(alice)
+    html = client.get("/").content.decode()
+    assert "1 unmatched: 172.17.0.2:12300 cordoned" in html
+    assert "shared host:port: 127.0.0.1:12300 ×2" in html
+    assert "dead</div>" not in html
+
+
+def test_it_offers_the_demo_controls_only_for_the_demo_queue(client, alice, settings):
+    client.force_login(alice)
+    assert "Add tasks" in client.get("/").content.decode()
+
+    settings.WARDEN = {**settings.WARDEN, "DEMAND_SOURCE": "curio"}
+    html = client.get("/").content.decode()
+    assert "Add tasks" not in html and "Kill one worker" not in html
+    assert "Trigger observe cycle now" in html

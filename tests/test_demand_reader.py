@@ -12,7 +12,7 @@ from fleet import demo
 from fleet.clock import VirtualClock, use_clock
 from fleet.demand import read_demand, set_override
 from fleet.demand.base import DemandError
-from fleet.demand.curio import HarmonyDemandSource
+from fleet.demand.curio import HarmonyDemandSource, forget_probes
 from fleet.harmony import HarmonyMachine, HarmonyMachineDetails, HarmonyTask, HarmonyTaskHistory
 from fleet.models import Instance
 from fleet.sync import sync_instances
@@ -33,9 +33,11 @@ def knobs(settings):
         "DEMAND_SOURCE": "local",
     }
     set_override(None)
+    forget_probes()
     clear_harmony()
     yield settings.WARDEN
     clear_harmony()
+    forget_probes()
 
 
 def machine(name, *, age_s=0.0, cordoned=False):
@@ -110,14 +112,15 @@ def test_a_missing_row_and_a_stale_heartbeat_are_dead_and_a_cordoned_worker_is_n
     assert r.workers["norow"].live is False and r.workers["norow"].machine_id is None
 
 
-def test_it_judges_liveness_by_the_fleet_clock(knobs):
+def test_it_judges_liveness_by_the_database_clock_not_wardens(knobs):
     machine("a")
     instance("a")
 
+    # Warden's clock five minutes ahead does not age the heartbeat: now() in the query does
     with use_clock(VirtualClock(timezone.now() + timedelta(minutes=5))):
         r = HarmonyDemandSource().read(list(Instance.objects.all()))
 
-    assert (r.workers_live, r.workers_dead) == (0, 1)
+    assert (r.workers_live, r.workers_dead) == (1, 0)
 
 
 def test_it_counts_successful_proofs_of_the_last_hour(knobs):
@@ -145,6 +148,7 @@ def test_it_counts_successful_proofs_of_the_last_hour(knobs):
 
 
 def test_its_query_count_does_not_grow_with_the_fleet(knobs):
+    HarmonyDemandSource().read([])  # the schema probe runs once, before the first read
     counts = []
     for n in (2, 20):
         for i in range(n):
@@ -153,7 +157,7 @@ def test_its_query_count_does_not_grow_with_the_fleet(knobs):
         with CaptureQueriesContext(connections["harmony"]) as q:
             HarmonyDemandSource().read(list(Instance.objects.all()))
         counts.append(len(q))
-    assert counts[0] == counts[1] == 3
+    assert counts[0] == counts[1] == 7  # one per table (history twice): a lost grant loses only its fields
 
 
 @contextlib.contextmanager
@@ -167,16 +171,35 @@ def harmony_task_table_missing():
             c.execute("ALTER TABLE harmony_task_gone RENAME TO harmony_task")
 
 
-def test_an_unreadable_database_is_an_error_naming_the_setting_never_zeros(knobs):
+def test_a_missing_demo_table_is_an_error_saying_what_to_run_never_zeros(knobs):
+    HarmonyDemandSource().read([])  # probed while the table exists: the failed read probes again
     with harmony_task_table_missing():
         with pytest.raises(DemandError) as err:
             HarmonyDemandSource().read([])
         reading = read_demand([])
 
-    assert "HARMONY_DATABASE_URL" in str(err.value) and "\n" not in str(err.value)
+    assert "harmony_task" in str(err.value) and "demo prepare" in str(err.value) and "\n" not in str(err.value)
     assert reading.state == "unknown"
     assert (reading.queued, reading.running, reading.workers_live, reading.proofs_hr) == (None, None, None, None)
-    assert "HARMONY_DATABASE_URL" in reading.error
+    assert "harmony_task" in reading.error
+
+
+def test_an_unreachable_demo_database_names_the_setting(knobs):
+    from django.db import connections
+
+    conn = connections["harmony"]
+    saved = dict(conn.settings_dict)
+    conn.close()
+    conn.settings_dict.update(PORT=1, OPTIONS={**saved["OPTIONS"], "connect_timeout": 1})
+    try:
+        reading = read_demand([])
+    finally:
+        conn.close()
+        conn.settings_dict.clear()
+        conn.settings_dict.update(saved)
+
+    assert reading.state == "unknown" and reading.queued is None
+    assert "HARMONY_DATABASE_URL" in reading.error and "demo prepare" in reading.error
 
 
 def test_it_reads_real_workers_and_sees_one_die(local_fleet, settings):

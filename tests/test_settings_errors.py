@@ -30,6 +30,8 @@ from tests.subprocs import BIN, ROOT, free_port, manage
         ("WARDEN_DWELL_MIN", "-5"),
         ("WARDEN_HOLD_OFF_MIN", "-100"),
         ("WARDEN_HEARTBEAT_S", "0"),
+        ("WARDEN_CURIO_HEARTBEAT_S", "0"),
+        ("HARMONY_DATABASE_URL", "postgres://ro@127.0.0.1:5433/yugabyte?search_path=curio;drop"),
         ("WARDEN_PROVIDER", "banana"),
         ("WARDEN_DEMAND_SOURCE", "somewhere"),
     ],

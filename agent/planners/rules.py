@@ -1,14 +1,16 @@
 """The ``rules`` planner: Warden's built-in, deterministic autoscaling policy (the default).
 
 Policy (autoscalers.md §1.7; seed 002):
-1. Scale on queued work, never on a flag: with tasks queued, keep
-   ``min(cap, queued, max(1, ceil(target / per-worker rate)))`` instances; launch the missing
+1. Scale on waiting work, never on a flag: with tasks queued or in Curio's pipeline backlog
+   (SCENARIOS.md version 2: backlog is demand), keep
+   ``min(cap, queued + backlog, max(1, ceil(target / per-worker rate)))`` instances, the rate
+   being ``3600 / proof_s`` (measured) or ``3600 / WARDEN_PROOF_SECONDS``; launch the missing
    ones — ``P0`` when no worker is live (an emergency), ``P1`` otherwise.
 2. Replace, don't scale down, terminal instances (exited/error/unknown/offline, stuck
    provisioning, or diagnosed failed/host): destroy them; the replacement follows from rule 1.
 3. Expected workers that are dead are diagnosed first, then repaired (rebooted) — or replaced
    when the diagnosis blames the host — and, with nothing live and work queued, escalated.
-4. Retire idle workers only when demand is ``ok``, nothing is queued or running, no expected
+4. Retire idle workers only when demand is ``ok``, nothing is queued, in the backlog or running, no expected
    worker is dead, the queue has been empty for the dwell and no launch happened within the
    hold-off; diagnose each first, then stop those diagnosed healthy (they own no tasks). A stopped
    instance is resumed before a new one is rented when work comes back (rule 1).
@@ -46,15 +48,17 @@ class RulesPlanner(Planner):
     name = "rules"
 
     def per_worker_rate(self, demand) -> float:
-        """Proofs/hr one worker delivers: measured when workers are live, else the configured proof length."""
-        if demand.proofs_hr and demand.workers_live:
-            return max(1.0, demand.proofs_hr / demand.workers_live)
-        return 3600.0 / max(1.0, settings.WARDEN["PROOF_SECONDS"])
+        """Proofs/hr one worker delivers: from the measured seconds per proof (``proof_s``, the
+        median over Curio's recent history) when known, else from ``WARDEN_PROOF_SECONDS``."""
+        seconds = demand.proof_s or settings.WARDEN["PROOF_SECONDS"]
+        return 3600.0 / max(1.0, seconds)
 
     def _retire_candidates(self, world) -> list:
         d, lim, now = world.demand, world.limits, clock.now()
         if d.state != "ok" or d.queued != 0 or d.running != 0 or d.workers_dead != 0:
             return []  # unknown counts (None) are never read as zero
+        if d.backlog or "backlog" in d.unreadable:
+            return []  # work waits in Curio's pipeline (or may): backlog is demand
         if d.idle_since is None or now - d.idle_since < timedelta(minutes=lim.dwell_min):
             return []
         last = last_launch_at(world)
@@ -82,10 +86,12 @@ class RulesPlanner(Planner):
             why = is_terminal(inst, world)[1]
             calls.append(Proposal("destroy_instance", {"instance_id": inst.external_id, "reason": f"terminal: {why}"}))
         active = [i for i in world.instances if i not in terminal and (i.status == "running" or i.status in PENDING_STATUSES)]
-        if d.state == "ok" and d.queued:
+        waiting = (d.queued or 0) + (d.backlog or 0)
+        if d.state == "ok" and waiting:
             rate = self.per_worker_rate(d)
             want = max(1, math.ceil((lim.target_proofs_hr or 0) / rate))
-            desired = min(lim.max_instances, d.queued, want)
+            desired = min(lim.max_instances, waiting, want)
+            backlog = f" (+{d.backlog} in the backlog)" if d.backlog else ""
             prio = "P0" if not d.workers_live else "P1"
             need = max(0, desired - len(active))
             # an instance we stopped earlier is resumed before anything new is rented
@@ -93,12 +99,12 @@ class RulesPlanner(Planner):
             for inst in stopped[:need]:
                 calls.append(Proposal("resume_instance", {
                     "instance_id": inst.external_id,
-                    "reason": f"{d.queued} queued, {d.workers_live} live; resume before renting new",
+                    "reason": f"{d.queued} queued{backlog}, {d.workers_live} live; resume before renting new",
                 }))
             for _ in range(need - min(need, len(stopped))):
                 calls.append(Proposal("launch_instance", {
                     "launch_priority": prio,
-                    "reason": f"{d.queued} queued, {d.workers_live} live; want {desired} workers for {lim.target_proofs_hr:g} proofs/hr",
+                    "reason": f"{d.queued} queued{backlog}, {d.workers_live} live; want {desired} workers for {lim.target_proofs_hr:g} proofs/hr",
                 }))
         # repair before replace: dead expected workers get diagnosed
         for inst in active:
@@ -188,7 +194,8 @@ class RulesPlanner(Planner):
         parts = [] if d.state == "ok" else [f"Demand is {d.state}: no scale-down until it reads ok."]
         if ctx.world.provider_error:
             parts.append(f"The fleet could not be read ({ctx.world.provider_error}); nothing was changed.")
-        parts += [f"Demand {d.state}: queued {d.queued if d.queued is not None else 'unknown'}, "
+        backlog = f", backlog {d.backlog}" if d.backlog else ""
+        parts += [f"Demand {d.state}: queued {d.queued if d.queued is not None else 'unknown'}{backlog}, "
                  f"workers {d.workers_live if d.workers_live is not None else '?'}/{d.workers_expected if d.workers_expected is not None else '?'} live."]
         if side:
             parts.append("Did: " + ", ".join(f"{s.tool}({(s.args or {}).get('instance_id', '')})".replace("()", "") for s in side) + ".")

@@ -15,7 +15,7 @@ def get_source(name: str | None = None):
     if name in ("local", "curio"):
         from fleet.demand.curio import HarmonyDemandSource
 
-        return HarmonyDemandSource()
+        return HarmonyDemandSource(kind=name)
     raise DemandError(f"unknown demand source {name!r}; set WARDEN_DEMAND_SOURCE=local")
 
 
@@ -31,6 +31,8 @@ def read_demand(instances) -> DemandReading:
 
     try:
         reading = get_source().read(instances)
+    except DemandError as exc:  # our own one-line message says what is wrong
+        return DemandReading.unknown(str(exc), taken_at=clock.now())
     except Exception as exc:  # noqa: BLE001 — an unreadable source is 'unknown', never zero
         return DemandReading.unknown(f"{type(exc).__name__}: {exc}", taken_at=clock.now())
     if reading.taken_at is None:

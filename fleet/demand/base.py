@@ -37,6 +37,17 @@ class DemandReading:
     worker over the recent window (None: not measured yet). ``active``: Curio-style flag (some task
     running) — kept only to show that it must not be read as "no demand".
     ``workers`` maps a worker name (our ``Instance.worker_name``) to its :class:`WorkerView`.
+
+    ``backlog``: proving work waiting in Curio's pipeline tables with no queue row yet (Curio adds
+    queue rows only while a node that can claim them is alive; SCENARIOS.md version 2, curio.md
+    §4) — demand like ``queued``, reported separately. ``proof_s``: measured median seconds per
+    proof per worker over the recent window (None: not measured). ``unmatched``: worker rows that
+    match none of our instances (empty ``machine_name`` or a name no instance has), each
+    ``{"machine_id", "host_and_port", "name", "live", "cordoned", "owned_tasks"}`` — reported, never
+    counted dead (None: unknown). ``shared_hosts``: ``host_and_port`` values several rows share
+    (Curio registers by it: such nodes share cordon flags), each with the row ids.
+    ``unreadable`` maps each field the source could not read this time (its value is None) to why;
+    the rest of the reading stands.
     """
 
     state: str
@@ -47,6 +58,8 @@ class DemandReading:
     workers_dead: int | None = None
     workers_cordoned: int | None = None
     proofs_hr: float | None = None
+    backlog: int | None = None
+    proof_s: float | None = None
     active: bool | None = None
     oldest_queued_s: float | None = None
     backlog: int | None = None
@@ -55,10 +68,13 @@ class DemandReading:
     error: str = ""
     taken_at: datetime | None = None
     workers: dict[str, WorkerView] = field(default_factory=dict)
+    unmatched: list[dict] | None = field(default_factory=list)
+    shared_hosts: dict[str, list[int]] = field(default_factory=dict)
+    unreadable: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def unknown(cls, error: str, taken_at: datetime | None = None) -> "DemandReading":
-        return cls(state="unknown", error=error, taken_at=taken_at)
+        return cls(state="unknown", error=error, taken_at=taken_at, unmatched=None)
 
 
 class DemandError(Exception):

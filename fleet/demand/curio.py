@@ -1,91 +1,335 @@
 """Demand from Curio's HarmonyDB tables (a real Curio, or the local demo queue).
 
 Reads the unmanaged models of ``fleet.harmony`` through the ORM on alias ``harmony``, so the
-same code reads the SQLite demo and a real Curio on PostgreSQL or Yugabyte (curio.md §3.4).
-Three queries whatever the fleet size: machines (with their details), tasks grouped by owner
-and name, and the count of successful proofs over the last hour.
+same code reads the SQLite demo and a real Curio on PostgreSQL or Yugabyte (curio.md §3.4, §4).
+A constant number of queries whatever the fleet size, one per table so that a table the role
+may not read loses only the fields it feeds. Ages (heartbeats, queued tasks, the proof window)
+are measured on the database's clock (``now()`` in the same query), never on Warden's.
+
+Before the first read, and again after any failed read, the tables and columns Warden needs are
+probed (``information_schema`` on PostgreSQL, Django's introspection on SQLite): a missing column
+is reported as a schema problem naming the table, the column and the Curio migration that added
+it; a table the role cannot read as a missing grant.
 """
 
+import statistics
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import DatabaseError
-from django.db.models import Count, Min
+from django.db import DatabaseError, connections, transaction
+from django.db.models import Count, DurationField, ExpressionWrapper, F, Max
+from django.db.models.functions import Now
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from fleet.clock import clock
 from fleet.demand.base import DemandError, DemandReading, WorkerView
-from fleet.harmony import HARMONY_ALIAS, HarmonyMachine, HarmonyTask, HarmonyTaskHistory
+from fleet.harmony import (
+    HARMONY_ALIAS,
+    HarmonyMachine,
+    HarmonyMachineDetails,
+    HarmonyTask,
+    HarmonyTaskHistory,
+    SectorsSdrPipeline,
+    SectorsSnapPipeline,
+    sqlstate,
+)
+
+#: a worker is live while its heartbeat is younger than this many heartbeat intervals
+#: (curio.md §3.4: 3 missed 60-s heartbeats; Curio itself deletes a row only after 10 min)
+LIVE_HEARTBEATS = 3
+#: ``proof_s`` is the median over the newest successful proofs of this window …
+PROOF_WINDOW = timedelta(hours=24)
+#: … at most this many of them
+PROOF_SAMPLE = 200
+#: a read failing with SQLSTATE 40001 (Yugabyte's read restart) is tried this many times
+READ_ATTEMPTS = 4
+
+#: the columns Warden reads: table -> {column: Curio migration that added it (None: the table's own)}
+NEEDED: dict[str, dict[str, str | None]] = {
+    "harmony_machines": {"id": None, "last_contact": None, "host_and_port": None,
+                         "unschedulable": "20250111-machine-maintenance"},
+    "harmony_machine_details": {"machine_id": None, "tasks": None, "machine_name": "20240527-machine_name"},
+    "harmony_task": {"id": None, "name": None, "owner_id": None, "posted_time": None},
+    "harmony_task_history": {"name": None, "work_start": None, "work_end": None, "result": None},
+    "sectors_snap_pipeline": {"after_encode": None, "task_id_prove": None, "after_prove": None},
+    "sectors_sdr_pipeline": {"after_precommit_msg_success": None, "seed_epoch": None, "task_id_porep": None,
+                             "after_porep": None, "failed": None},
+}
+#: the Curio migration that created each table (harmony/harmonydb/sql/)
+TABLE_ADDED = {
+    "harmony_machines": "20230719-harmony",
+    "harmony_task": "20230719-harmony",
+    "harmony_task_history": "20230719-harmony",
+    "harmony_machine_details": "20240404-machine_detail",
+    "sectors_snap_pipeline": "20240611-snap-pipeline",
+    "sectors_sdr_pipeline": "20231217-sdr-pipeline",
+}
+#: the reading's fields each table feeds; without the first two there is no reading at all
+ESSENTIAL = ("harmony_machines", "harmony_task")
+FEEDS = {
+    "harmony_machine_details": ("workers_live", "workers_dead", "workers_cordoned", "unmatched"),
+    "harmony_task_history": ("proofs_hr", "proof_s"),
+    "sectors_snap_pipeline": ("backlog",),
+    "sectors_sdr_pipeline": ("backlog",),
+}
+
+_PG_PROBE = """
+SELECT r.name, c.oid IS NOT NULL, n.nspname, COALESCE(has_table_privilege(c.oid, 'SELECT'), false),
+       ARRAY(SELECT ic.column_name::text FROM information_schema.columns ic
+             WHERE ic.table_schema = n.nspname AND ic.table_name = r.name),
+       current_user, current_setting('search_path')
+FROM unnest(%s::text[]) AS r(name)
+LEFT JOIN pg_catalog.pg_class c ON c.oid = to_regclass(r.name)
+LEFT JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+"""
+
+
+@dataclass
+class Probe:
+    """What the schema probe found: ``problems`` maps a table to one-line problems (empty: all
+    well); ``schemas`` where each table was found; the database ``role`` and ``search_path``."""
+
+    problems: dict[str, list[str]] = field(default_factory=dict)
+    schemas: dict[str, str] = field(default_factory=dict)
+    role: str = ""
+    search_path: str = ""
+
+
+_probes: dict[tuple[str, str], Probe] = {}  # (alias, kind) -> the newest probe
+
+
+def forget_probes() -> None:
+    """Drop the cached schema probes (the next read probes again)."""
+    _probes.clear()
+
+
+def _where(alias: str) -> str:
+    cfg = connections[alias].settings_dict
+    where = str(cfg.get("NAME", "?"))
+    if cfg.get("HOST"):
+        where = f"{cfg['HOST']}:{cfg.get('PORT') or ''}/{where}"
+    return where
+
+
+def _first_line(exc: Exception) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def harmony_unreadable(exc: Exception, alias: str = HARMONY_ALIAS) -> str:
-    """One line naming the setting and what to do, for an error reading the harmony database."""
-    from django.db import connections
-
-    cfg = connections[alias].settings_dict
-    where = cfg.get("NAME", "?")
-    if cfg.get("HOST"):
-        where = f"{cfg['HOST']}:{cfg.get('PORT') or ''}/{where}"
-    detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    """One line for an error reading the demo's queue: the setting and what to do."""
     return (
-        f"harmony database unreadable ({where}: {detail}); check HARMONY_DATABASE_URL "
+        f"harmony database unreadable ({_where(alias)}: {_first_line(exc)}); check HARMONY_DATABASE_URL "
         "(for the demo run `python manage.py demo prepare`)"
     )
+
+
+def curio_unreadable(exc: Exception, alias: str = HARMONY_ALIAS, table: str = "") -> str:
+    """One line for an error reading a real Curio's database (no demo hints)."""
+    what = f"reading {table}" if table else "connecting"
+    line = f"Curio's database at {_where(alias)} (HARMONY_DATABASE_URL): {what} failed: {_first_line(exc)}"
+    if sqlstate(exc) == "40001":
+        line += f" (SQLSTATE 40001, a read restart: still failing after {READ_ATTEMPTS} attempts)"
+    return line
+
+
+def _is_read_restart(exc: BaseException) -> bool:
+    return isinstance(exc, DatabaseError) and sqlstate(exc) == "40001"
+
+
+def _age(column: str) -> ExpressionWrapper:
+    """``now() - column`` on the database's clock."""
+    return ExpressionWrapper(Now() - F(column), output_field=DurationField())
 
 
 class HarmonyDemandSource:
     """Reads demand from HarmonyDB on database alias ``using`` (default ``harmony``).
 
-    Definitions (curio.md §3.3-3.4, DESIGN.md invariant 1):
+    ``kind``: ``curio`` (a real Curio: workers heartbeat every ``WARDEN["CURIO_HEARTBEAT_S"]``,
+    default 60 s, curio.md §3.3) or ``local`` (the demo's workers: ``WARDEN["HEARTBEAT_S"]``).
 
+    Definitions (curio.md §3.3-3.4 and §4, DESIGN.md invariant 1):
+
+    - a machine is live when ``now() - last_contact`` (database clock) is at most
+      ``LIVE_HEARTBEATS`` heartbeats of the source;
     - ``queued``: proving tasks (``WARDEN["TASK_NAMES"]``) with no owner, plus those owned by a
       machine that is not live (Curio has not requeued them yet: they are still demand);
     - ``running``: proving tasks owned by a live machine;
-    - a machine is live when ``last_contact`` is within ``3 * WARDEN["HEARTBEAT_S"]`` seconds of
-      ``clock.now()``;
+    - ``backlog``: sectors waiting for UpdateProve in ``sectors_snap_pipeline`` (encoded, not
+      proved, no prove task) when UpdateProve is a task name, plus sectors waiting for PoRep in
+      ``sectors_sdr_pipeline`` (precommit landed, seed epoch set, no PoRep task, not proved, not
+      failed) when PoRep is — work Curio has not queued because no node that runs it is alive;
     - ``workers_expected``: instances with status ``running`` started more than
       ``WARDEN["STARTUP_GRACE_S"]`` ago (``started_at``, else ``status_since``);
-    - ``workers_live``: expected instances whose worker row is live and not cordoned;
+    - instances map to rows by ``machine_name`` (``CURIO_NODE_NAME``), never ``host_and_port``;
+    - ``workers_live``: expected instances whose row is live and not cordoned;
       ``workers_cordoned``: live and ``unschedulable`` (draining, not dead);
-      ``workers_dead``: the rest of the expected — stale heartbeat or no row at all;
+    - ``unmatched``: proving-capable rows (their ``tasks`` name a proving task, or no details
+      row yet) whose ``machine_name`` is empty or names none of ``instances``. An expected
+      instance without a row of its own may be one of the live *unnamed* rows: up to that many
+      of them stand in for such instances — a cordoned one counts as cordoned, the others keep
+      the instance out of ``workers_dead`` (they are never folded into "dead");
+    - ``workers_dead``: the rest of the expected — stale heartbeat or no row at all;
+    - ``workers`` has a :class:`WorkerView` for every named row (the newest per name) and one with
+      ``live=False`` for every expected instance without a row; while live unnamed rows own tasks,
+      each instance without a row is shown owning them (it may be one of those rows), so no stop
+      or destroy of it passes ``owned_tasks`` without an operator;
     - ``proofs_hr``: successful history rows of proving tasks with ``work_end`` in the last hour;
+      ``proof_s``: median ``work_end - work_start`` of the newest ``PROOF_SAMPLE`` successful ones
+      within ``PROOF_WINDOW`` (None when there are none);
     - ``oldest_queued_s``: age of the oldest queued task, seconds (None when none is queued).
 
-    ``workers`` has a :class:`WorkerView` for every machine row that has a ``machine_name``
-    (the newest row per name) and for every expected instance without one (``live=False``).
-    ``read`` raises :class:`DemandError` naming HARMONY_DATABASE_URL when the database cannot be
-    read; ``fleet.demand.read_demand`` turns that into ``state="unknown"``.
+    ``read`` raises :class:`DemandError` (one line) when ``harmony_machines`` or ``harmony_task``
+    cannot be read — the connection, the schema, the grant, or a read restart after
+    ``READ_ATTEMPTS`` tries; ``fleet.demand.read_demand`` turns that into ``state="unknown"``.
+    Any other table that cannot be read leaves only its fields None, named in ``unreadable``.
     """
 
-    def __init__(self, using: str = HARMONY_ALIAS):
+    def __init__(self, using: str = HARMONY_ALIAS, kind: str = "local"):
         self.using = using
+        self.kind = kind
+
+    # -- the window ---------------------------------------------------------------------------
+    def heartbeat_s(self) -> float:
+        """The source's heartbeat interval, seconds."""
+        key = "CURIO_HEARTBEAT_S" if self.kind == "curio" else "HEARTBEAT_S"
+        return float(settings.WARDEN[key])
+
+    def live_window(self) -> timedelta:
+        """How old a heartbeat may be for its worker to be live."""
+        return timedelta(seconds=LIVE_HEARTBEATS * self.heartbeat_s())
+
+    # -- the probe ----------------------------------------------------------------------------
+    def probe(self, force: bool = False) -> Probe:
+        """The tables and columns Warden needs, checked; cached until a read fails or a problem shows."""
+        cached = _probes.get((self.using, self.kind))
+        if cached is not None and not cached.problems and not force:
+            return cached
+        try:
+            found = self._retrying(self._probe_once)
+        except DatabaseError as exc:
+            raise DemandError(self._unreadable(exc)) from exc
+        _probes[(self.using, self.kind)] = found
+        return found
+
+    def _probe_once(self) -> Probe:
+        conn = connections[self.using]
+        if conn.vendor == "postgresql":
+            with conn.cursor() as cur:
+                cur.execute(_PG_PROBE, [list(NEEDED)])
+                rows = cur.fetchall()
+            found = Probe(role=rows[0][5], search_path=rows[0][6])
+            tables = {r[0]: r for r in rows}
+        else:
+            found = Probe(role="", search_path="")
+            existing = set(conn.introspection.table_names())
+            tables = {}
+            with conn.cursor() as cur:
+                for t in NEEDED:
+                    cols = [c.name for c in conn.introspection.get_table_description(cur, t)] if t in existing else []
+                    tables[t] = (t, t in existing, "main", t in existing, cols)
+        for table, cols_needed in NEEDED.items():
+            _, exists, schema, readable, columns = tables[table][:5]
+            if not exists:
+                found.problems[table] = [self._missing_table(table, found)]
+                continue
+            found.schemas[table] = schema
+            if not readable:
+                fq = f"{schema}.{table}"
+                found.problems[table] = [
+                    f"grant: role {found.role} may not read {fq} (GRANT SELECT ON {fq} TO {found.role})"
+                ]
+                continue
+            missing = [c for c in cols_needed if c not in set(columns)]
+            if missing:
+                found.problems[table] = [self._missing_column(table, schema, c, cols_needed[c]) for c in missing]
+        return found
+
+    def _missing_table(self, table: str, found: Probe) -> str:
+        if self.kind != "curio":
+            return f"schema: the demo queue has no table {table}; run `python manage.py demo prepare`"
+        where = f" on search_path {found.search_path!r}" if found.search_path else ""
+        line = f"schema: no table {table}{where} (Curio migration {TABLE_ADDED[table]} creates it"
+        if table in ESSENTIAL or table == "harmony_machine_details":
+            return line + "); Curio keeps its tables in schema curio: end HARMONY_DATABASE_URL with " \
+                "?search_path=curio or ?options=-csearch_path%3Dcurio"
+        return line + "; a newer Curio)"
+
+    def _missing_column(self, table: str, schema: str, column: str, migration: str | None) -> str:
+        if self.kind != "curio":
+            return f"schema: the demo queue's {table} has no column {column}; run `python manage.py demo prepare`"
+        fq = f"{schema}.{table}"
+        added = f"added by Curio migration {migration}: upgrade Curio" if migration else "Warden expects a newer Curio"
+        return f"schema: {fq} has no column {column} ({added})"
+
+    # -- reads --------------------------------------------------------------------------------
+    def _retrying(self, fn):
+        retrying = Retrying(
+            stop=stop_after_attempt(READ_ATTEMPTS),
+            wait=wait_exponential(multiplier=0.05, max=1),
+            retry=retry_if_exception(_is_read_restart),
+            reraise=True,
+        )
+        return retrying(fn)
+
+    def _unreadable(self, exc: Exception, table: str = "") -> str:
+        if self.kind == "curio":
+            return curio_unreadable(exc, self.using, table)
+        return harmony_unreadable(exc, self.using)
+
+    def _fetch(self, table: str, fn, probe: Probe, unreadable: dict[str, str]):
+        """``fn()`` (in a savepoint, retried on read restarts), or None with the table's fields
+        marked unreadable; raises :class:`DemandError` for an essential table."""
+        problems = probe.problems.get(table)
+        if not problems:
+            def attempt():
+                if not connections[self.using].in_atomic_block:
+                    return fn()  # autocommit: a failed statement poisons nothing
+                with transaction.atomic(using=self.using):  # a savepoint keeps the caller's transaction usable
+                    return fn()
+            try:
+                return self._retrying(attempt)
+            except DatabaseError as exc:
+                problems = self.probe(force=True).problems.get(table) or [self._unreadable(exc, table)]
+        why = "; ".join(problems)
+        if table in ESSENTIAL:
+            raise DemandError(why)
+        for name in FEEDS[table]:
+            unreadable[name] = f"{unreadable[name]}; {why}" if name in unreadable else why
+        return None
 
     def read(self, instances) -> DemandReading:
         """Read demand for our non-killed ``instances`` (``fleet.models.Instance`` rows)."""
         warden = settings.WARDEN
-        now = clock.now()
-        live_after = now - timedelta(seconds=3 * warden["HEARTBEAT_S"])
         names = list(warden["TASK_NAMES"])
-        try:
-            machines = list(
-                HarmonyMachine.objects.using(self.using).values(
-                    "id", "last_contact", "unschedulable", "harmonymachinedetails__machine_name"
-                )
-            )
-            task_groups = list(
-                HarmonyTask.objects.using(self.using)
-                .values("owner_id", "name")
-                .annotate(n=Count("id"), oldest=Min("posted_time"))
-                .order_by()
-            )
-            proofs = (
-                HarmonyTaskHistory.objects.using(self.using)
-                .filter(result=True, name__in=names, work_end__gte=now - timedelta(hours=1), work_end__lte=now)
-                .count()
-            )
-        except DatabaseError as exc:
-            raise DemandError(harmony_unreadable(exc, self.using)) from exc
+        window = self.live_window()
+        u = self.using
+        probe = self.probe()
+        unreadable: dict[str, str] = {}
 
-        live_ids = {m["id"] for m in machines if m["last_contact"] >= live_after}
+        machines = self._fetch("harmony_machines", lambda: list(
+            HarmonyMachine.objects.using(u).annotate(age=_age("last_contact"))
+            .values("id", "host_and_port", "unschedulable", "age").order_by("id")
+        ), probe, unreadable)
+        task_groups = self._fetch("harmony_task", lambda: list(
+            HarmonyTask.objects.using(u).values("owner_id", "name")
+            .annotate(n=Count("id"), oldest=Max(_age("posted_time"))).order_by()
+        ), probe, unreadable)
+        details = self._fetch("harmony_machine_details", lambda: list(
+            HarmonyMachineDetails.objects.using(u).values("machine_id", "machine_name", "tasks")
+        ), probe, unreadable)
+        history = self._fetch("harmony_task_history", lambda: self._history(names), probe, unreadable)
+        backlog_parts = []
+        if "UpdateProve" in names:
+            backlog_parts.append(self._fetch("sectors_snap_pipeline", lambda: SectorsSnapPipeline.objects.using(u).filter(
+                after_encode=True, after_prove=False, task_id_prove__isnull=True).count(), probe, unreadable))
+        if "PoRep" in names:
+            backlog_parts.append(self._fetch("sectors_sdr_pipeline", lambda: SectorsSdrPipeline.objects.using(u).filter(
+                after_precommit_msg_success=True, seed_epoch__isnull=False, task_id_porep__isnull=True,
+                after_porep=False, failed=False).count(), probe, unreadable))
+        backlog = None if None in backlog_parts else sum(backlog_parts)
+
+        live_ids = {m["id"] for m in machines if m["age"] <= window}
         owned: dict[int, int] = {}
         queued = running = 0
         oldest = None
@@ -99,12 +343,67 @@ class HarmonyDemandSource:
                 running += g["n"]
             else:
                 queued += g["n"]
-                if g["oldest"] is not None and (oldest is None or g["oldest"] < oldest):
+                if g["oldest"] is not None and (oldest is None or g["oldest"] > oldest):
                     oldest = g["oldest"]
 
+        hosts: dict[str, list[int]] = {}
+        for m in machines:
+            hosts.setdefault(m["host_and_port"] or "", []).append(m["id"])
+        shared = {hp: ids for hp, ids in hosts.items() if len(ids) > 1}
+
+        counts = self._workers(instances, machines, details, live_ids, owned, names)
+        proofs_hr = proof_s = None
+        if history is not None:
+            proofs_hr, proof_s = history
+        return DemandReading(
+            state="ok",
+            queued=queued,
+            running=running,
+            backlog=backlog,
+            proofs_hr=proofs_hr,
+            proof_s=proof_s,
+            active=running > 0,
+            oldest_queued_s=oldest.total_seconds() if oldest is not None else None,
+            taken_at=clock.now(),
+            shared_hosts=shared,
+            unreadable=unreadable,
+            error="; ".join(dict.fromkeys(unreadable.values())),
+            **counts,
+        )
+
+    def _history(self, names: list[str]) -> tuple[float, float | None]:
+        """(successful proofs in the last hour, median seconds per proof or None), database clock."""
+        ok = HarmonyTaskHistory.objects.using(self.using).filter(result=True, name__in=names, work_end__lte=Now())
+        hour = ok.filter(work_end__gte=Now() - timedelta(hours=1)).count()
+        spans = list(
+            ok.filter(work_end__gte=Now() - PROOF_WINDOW)
+            .annotate(span=ExpressionWrapper(F("work_end") - F("work_start"), output_field=DurationField()))
+            .order_by("-work_end")
+            .values_list("span", flat=True)[:PROOF_SAMPLE]
+        )
+        seconds = [s.total_seconds() for s in spans if s is not None and s.total_seconds() > 0]
+        return float(hour), (statistics.median(seconds) if seconds else None)
+
+    def _workers(self, instances, machines, details, live_ids, owned, names) -> dict:
+        """The worker fields of the reading (see the class docstring)."""
+        grace = timedelta(seconds=settings.WARDEN["STARTUP_GRACE_S"])
+        now = clock.now()
+        expected_insts = []
+        for inst in instances:
+            if getattr(inst, "killed_at", None) is not None or inst.status != "running":
+                continue
+            since = inst.started_at or inst.status_since
+            if since is None or since > now - grace:
+                continue
+            expected_insts.append(inst)
+        if details is None:  # names unknown: no instance can be matched to a row
+            return {"workers_expected": len(expected_insts), "workers_live": None, "workers_dead": None,
+                    "workers_cordoned": None, "workers": {}, "unmatched": None}
+
+        detail_of = {d["machine_id"]: d for d in details}
         workers: dict[str, WorkerView] = {}
-        for m in sorted(machines, key=lambda m: m["last_contact"]):  # newest row per name wins
-            name = m["harmonymachinedetails__machine_name"]
+        for m in sorted(machines, key=lambda m: m["age"], reverse=True):  # newest row per name wins
+            name = (detail_of.get(m["id"]) or {}).get("machine_name")
             if not name:
                 continue
             workers[name] = WorkerView(
@@ -112,39 +411,58 @@ class HarmonyDemandSource:
                 live=m["id"] in live_ids,
                 unschedulable=bool(m["unschedulable"]),
                 owned_tasks=owned.get(m["id"], 0),
-                last_contact=m["last_contact"],
                 machine_id=m["id"],
             )
 
-        grace = timedelta(seconds=warden["STARTUP_GRACE_S"])
-        expected = live = cordoned = 0
-        for inst in instances:
-            if getattr(inst, "killed_at", None) is not None or inst.status != "running":
+        ours = {i.worker_name or i.external_id for i in instances if getattr(i, "killed_at", None) is None}
+        wanted = set(names)
+        unmatched = []
+        for m in machines:
+            d = detail_of.get(m["id"])
+            name = (d or {}).get("machine_name") or ""
+            if name in ours:
                 continue
-            since = inst.started_at or inst.status_since
-            if since is None or since > now - grace:
-                continue
-            expected += 1
+            if d is not None and not wanted & {t.strip() for t in (d.get("tasks") or "").split(",")}:
+                continue  # a node that runs no proving task is not a worker of ours
+            unmatched.append({
+                "machine_id": m["id"],
+                "host_and_port": m["host_and_port"] or "",
+                "name": name,
+                "live": m["id"] in live_ids,
+                "cordoned": bool(m["unschedulable"]),
+                "owned_tasks": owned.get(m["id"], 0),
+            })
+
+        live = cordoned = norow = 0
+        for inst in expected_insts:
             name = inst.worker_name or inst.external_id
             view = workers.get(name)
             if view is None:
                 workers[name] = WorkerView(name=name, live=False)
+                norow += 1
             elif view.live and view.unschedulable:
                 cordoned += 1
             elif view.live:
                 live += 1
-
-        return DemandReading(
-            state="ok",
-            queued=queued,
-            running=running,
-            workers_expected=expected,
-            workers_live=live,
-            workers_dead=expected - live - cordoned,
-            workers_cordoned=cordoned,
-            proofs_hr=float(proofs),
-            active=running > 0,
-            oldest_queued_s=(now - oldest).total_seconds() if oldest is not None else None,
-            taken_at=now,
-            workers=workers,
-        )
+        # an instance without a row of its own may be an unnamed live row (CURIO_NODE_NAME unset)
+        stand_ins = sorted(
+            (x for x in unmatched if not x["name"] and x["live"]), key=lambda x: (not x["cordoned"], x["machine_id"])
+        )[:norow]
+        cordoned += sum(1 for x in stand_ins if x["cordoned"])
+        unnamed_live = sum(1 for x in stand_ins if not x["cordoned"])
+        # which instance an unnamed row is cannot be known: each row-less instance may own its tasks
+        maybe_owned = sum(x["owned_tasks"] for x in unmatched if not x["name"] and x["live"])
+        if maybe_owned:
+            for inst in instances:
+                view = workers.get(inst.worker_name or inst.external_id)
+                if view is not None and view.machine_id is None:
+                    view.owned_tasks = maybe_owned
+        expected = len(expected_insts)
+        return {
+            "workers_expected": expected,
+            "workers_live": live,
+            "workers_cordoned": cordoned,
+            "workers_dead": expected - live - cordoned - unnamed_live,
+            "workers": workers,
+            "unmatched": unmatched,
+        }

@@ -226,11 +226,23 @@ def ensure_operator() -> tuple[User, str | None, bool]:
 
 
 def prepare_demo() -> str | None:
-    """Run ``fleet.demo.prepare()``; returns its one-line error (naming HARMONY_DATABASE_URL) if unreadable."""
+    """Run ``fleet.demo.prepare()``; returns its one-line error (naming HARMONY_DATABASE_URL) if unreadable.
+
+    For a real Curio (``WARDEN_DEMAND_SOURCE=curio``) nothing is created: the tables, columns and
+    grants Warden needs are probed instead and every problem is returned on one line (creating
+    empty queue tables beside Curio's would read as "no demand")."""
     from fleet import demo
     from fleet.demand.base import DemandError
 
     try:
+        if settings.WARDEN["DEMAND_SOURCE"] == "curio":
+            from fleet.demand.curio import HarmonyDemandSource
+
+            problems = HarmonyDemandSource(kind="curio").probe(force=True).problems
+            if problems:
+                lines = [p for table in problems.values() for p in table]
+                return f"warden: Curio's database: {'; '.join(lines)}"
+            return None
         demo.prepare()
     except DemandError as exc:
         return f"warden: {first_line(exc)}; the console still starts and shows demand as unknown"
@@ -305,7 +317,8 @@ class Command(BaseCommand):
         if error:
             print(error, file=sys.stderr)
         else:
-            self.stdout.write("demo: harmony tables ready")
+            self.stdout.write("curio: tables, columns and grants checked" if settings.WARDEN["DEMAND_SOURCE"] == "curio"
+                              else "demo: harmony tables ready")
 
         names = ensure_schedules()
         self.stdout.write(f"beat schedule: {', '.join(names)}")

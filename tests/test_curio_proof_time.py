@@ -1,0 +1,66 @@
+"""proofs_hr and the measured proof time from Curio's task history; the rules planner sizes the fleet
+from the measured time when known, else from WARDEN_PROOF_SECONDS (SCENARIOS.md version 2 ``proof_s``)."""
+
+from agent.models import SessionState
+from agent.observe import World, read_and_record_demand
+from agent.planners.rules import RulesPlanner
+from agent.policy import effective_limits, effective_policy
+from fleet.demand import read_demand
+from fleet.demand.curio import PROOF_SAMPLE
+from tests.curio_support import CURIO_DB, curio, instances  # noqa: F401 (fixture)
+
+pytestmark = CURIO_DB
+
+
+def test_proof_s_is_the_median_of_recent_successful_proofs(curio):  # noqa: F811
+    for seconds in (30, 40, 100):
+        curio.history(seconds, ended_s_ago=600)
+    curio.history(5, result=False)                         # failed attempts do not count
+    curio.history(1, name="SDR")                           # not a proving task
+    curio.history(1000, ended_s_ago=25 * 3600)             # outside the window
+    curio.history(60, name="UpdateProve", ended_s_ago=2 * 3600)  # in the window, not in the last hour
+
+    r = read_demand([])
+
+    assert r.proof_s == 50.0  # the median of 30, 40, 60 and 100
+    assert r.proofs_hr == 3.0
+
+
+def test_proof_s_uses_only_the_newest_proofs(curio):  # noqa: F811
+    for _ in range(PROOF_SAMPLE):
+        curio.history(20, ended_s_ago=60)
+    for _ in range(PROOF_SAMPLE):
+        curio.history(90, ended_s_ago=7200)
+
+    assert read_demand([]).proof_s == 20.0
+
+
+def test_no_history_is_not_measured(curio):  # noqa: F811
+    r = read_demand([])
+
+    assert (r.proof_s, r.proofs_hr) == (None, 0.0)
+
+
+def launches(target: float) -> int:
+    SessionState.objects.update_or_create(pk=1, defaults={"target_proofs_hr": target})
+    insts = instances()
+    w = World(insts, read_and_record_demand(insts), effective_limits(), effective_policy())
+    return sum(1 for p in RulesPlanner().first_turn(w).calls if p.tool == "launch_instance")
+
+
+def test_the_rules_planner_sizes_from_the_measured_proof_time(curio, settings):  # noqa: F811
+    settings.WARDEN = {**settings.WARDEN, "MAX_INSTANCES": 20, "PROOF_SECONDS": 20.0}
+    for _ in range(12):
+        curio.task("PoRep")
+    for _ in range(3):
+        curio.history(90, ended_s_ago=600)  # 90 s per proof: 40 proofs/hr per worker
+
+    assert launches(target=360) == 9  # ceil(360 / 40), not 360 / (3600 / 20) = 2
+
+
+def test_without_a_measurement_it_sizes_from_the_configured_proof_time(curio, settings):  # noqa: F811
+    settings.WARDEN = {**settings.WARDEN, "MAX_INSTANCES": 20, "PROOF_SECONDS": 20.0}
+    for _ in range(12):
+        curio.task("PoRep")
+
+    assert launches(target=360) == 2  # 3600 / 20 = 180 proofs/hr per worker

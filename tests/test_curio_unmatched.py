@@ -1,0 +1,114 @@
+"""Worker rows that match no instance are reported as such, never folded into "dead"
+(issue 13 input 3; curio.md §4: map by machine_name, never host_and_port)."""
+
+from agent.observe import World
+from fleet.demand import read_demand
+from tests.curio_support import CURIO_DB, curio, instance, instances  # noqa: F401 (fixture)
+
+pytestmark = CURIO_DB
+
+
+def test_a_live_cordoned_row_without_a_name_counts_as_cordoned_not_dead(curio):  # noqa: F811
+    curio.machine("", age_s=20, cordoned=True, host="172.17.0.2:12300")
+    instance("vast-102")  # its worker started without CURIO_NODE_NAME
+
+    r = read_demand(instances())
+
+    assert (r.workers_expected, r.workers_live, r.workers_cordoned, r.workers_dead) == (1, 0, 1, 0)
+    assert [(u["host_and_port"], u["name"], u["live"], u["cordoned"]) for u in r.unmatched] == [
+        ("172.17.0.2:12300", "", True, True)
+    ]
+
+
+def test_a_live_row_without_a_name_keeps_a_rowless_instance_out_of_dead_but_is_not_live(curio):  # noqa: F811
+    curio.machine("", age_s=20, host="172.17.0.3:12300")
+    instance("vast-103")
+
+    r = read_demand(instances())
+
+    assert (r.workers_live, r.workers_cordoned, r.workers_dead) == (0, 0, 0)
+    assert len(r.unmatched) == 1 and r.unmatched[0]["host_and_port"] == "172.17.0.3:12300"
+
+
+def test_a_node_with_no_details_row_yet_is_unnamed(curio):  # noqa: F811
+    curio.machine(None, age_s=5, host="172.17.0.4:12300")  # details are written after the engine starts
+    instance("vast-104")
+
+    r = read_demand(instances())
+
+    assert r.workers_dead == 0 and [u["host_and_port"] for u in r.unmatched] == ["172.17.0.4:12300"]
+
+
+def test_a_name_of_no_instance_is_reported_and_never_stands_in_for_one(curio):  # noqa: F811
+    curio.machine("sealer-gpu-7", age_s=5, host="10.1.1.7:12300")
+    instance("vast-105")  # no row at all: dead
+
+    r = read_demand(instances())
+
+    assert (r.workers_live, r.workers_dead) == (0, 1)
+    assert [(u["name"], u["host_and_port"]) for u in r.unmatched] == [("sealer-gpu-7", "10.1.1.7:12300")]
+
+
+def test_a_stale_row_without_a_name_does_not_hide_a_dead_instance(curio):  # noqa: F811
+    curio.machine("", age_s=600, host="172.17.0.5:12300")
+    instance("vast-106")
+
+    r = read_demand(instances())
+
+    assert r.workers_dead == 1 and r.unmatched[0]["live"] is False
+
+
+def test_nodes_that_run_no_proving_task_are_not_workers(curio):  # noqa: F811
+    curio.machine("", age_s=5, host="10.0.0.1:12300", tasks="SDR,TreeD,TreeRC,WdPost,WinPost", gpu=0)
+    instance("vast-107")
+
+    r = read_demand(instances())
+
+    assert r.unmatched == [] and r.workers_dead == 1
+
+
+def test_instances_map_by_machine_name_and_a_shared_host_and_port_is_flagged(curio):  # noqa: F811
+    a = curio.machine("vast-201", age_s=5, host="127.0.0.1:12300")
+    b = curio.machine("vast-202", age_s=400, host="127.0.0.1:12300")  # behind the same tunnel address
+    curio.task("PoRep", owner=a)
+    curio.task("PoRep", owner=b)
+    instance("vast-201")
+    instance("vast-202")
+
+    r = read_demand(instances())
+
+    assert r.workers["vast-201"].live and not r.workers["vast-202"].live
+    assert (r.workers_live, r.workers_dead, r.running, r.queued) == (1, 1, 1, 1)
+    assert r.unmatched == []
+    assert r.shared_hosts == {"127.0.0.1:12300": [a, b]}
+
+
+def test_the_observation_lists_unmatched_rows_with_their_host_and_port(curio):  # noqa: F811
+    curio.machine("", age_s=20, cordoned=True, host="172.17.0.2:12300")
+    instance("vast-102")
+
+    view = World.demand_view(read_demand(instances()))
+
+    assert view["workers_unmatched"] == 1
+    assert view["unmatched"] == [
+        {"host_and_port": "172.17.0.2:12300", "name": "", "live": True, "cordoned": True, "owned_tasks": 0}
+    ]
+    assert view["workers_dead"] == 0 and view["workers_cordoned"] == 1
+
+
+def test_a_rowless_instance_may_own_the_tasks_of_a_live_unnamed_row_so_its_stop_needs_an_operator(curio):  # noqa: F811
+    from agent.guards import check
+    from agent.observe import read_and_record_demand
+    from agent.policy import effective_limits, effective_policy
+
+    unnamed = curio.machine("", age_s=20, host="172.17.0.2:12300")
+    curio.task("PoRep", owner=unnamed)
+    instance("vast-102")
+    insts = instances()
+    w = World(insts, read_and_record_demand(insts), effective_limits(), effective_policy())
+
+    refusal = check("stop_instance", {"instance_id": "vast-102", "reason": "idle"}, "key-1", w,
+                    override={"demand_guard", "hold_off"})
+
+    assert w.demand.workers["vast-102"].owned_tasks == 1 and not w.demand.workers["vast-102"].live
+    assert refusal is not None and refusal.code == "owned_tasks"
