@@ -52,6 +52,7 @@ DEFAULT_LIMITS = {
     "approval_expiry_min": 30,
     "provisioning_limit_min": 180,  # stuck created/loading/scheduling past this is terminal
     "launch_rate": [6, 600],  # at most N launches per S seconds (rate_limited)
+    "claim_max_age_min": 30,  # an open side-effect claim older than this is settled (stale_claim)
 }
 
 

@@ -156,7 +156,7 @@ class ScenarioProvider(Provider):
             status_msg=inst["status_msg"],
             gpu_name=inst["gpu_name"],
             dph=inst["dph"],
-            label=external_id,
+            label=inst.get("label") or external_id,
             ssh_host=external_id,
             ssh_port=22,
             worker_name=external_id,
@@ -225,6 +225,7 @@ class ScenarioProvider(Provider):
             "gpu_name": offer.get("gpu_name", gpu_name),
             "dph": float(offer.get("dph", 0.0)),
             "started_at": clock.now(),
+            "label": label,
         }
         return self._view(external_id, self.instances[external_id])
 
