@@ -130,7 +130,7 @@ def test_a_stale_launch_found_at_the_provider_is_adopted_and_its_approval_execut
     assert cloud.sent("launch") == 0  # adopted, never sent again
 
 
-def test_an_approval_behind_a_claim_that_never_ran_waits_again_and_runs_once_when_approved(cloud):
+def test_an_approval_behind_a_claim_that_never_ran_waits_again_and_runs_once_when_approved(cloud, client, alice):
     """Issue 11 §1.1: never voided as ``duplicate`` for a call that did not run; never re-run silently."""
     _policy()
     run = run_cycle("test", planner=ScriptPlanner([{**LAUNCH, "args": {**LAUNCH["args"], "launch_priority": "P1"}}]))
@@ -151,6 +151,9 @@ def test_an_approval_behind_a_claim_that_never_ran_waits_again_and_runs_once_whe
     assert cloud.sent("launch") == 0  # not re-run by the runtime
     [alert] = Alert.objects.filter(kind="stale_claim")
     assert "launch_instance" in alert.message
+    client.force_login(alice)
+    card = client.get("/approvals/").content.decode()
+    assert "back for a decision: stale_claim" in card and "never ran" in card  # the operator sees why
 
     do_decide(approval, "approve", "user:alice")  # the operator decides again, seeing why
     resume_run(run, planner=ScriptPlanner([]))
