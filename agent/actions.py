@@ -117,11 +117,20 @@ def do_launch_instance(*, gpu_name: str = "", offer_id: str = "", actor: str, re
     idempotency key, so a launch whose answer is lost can be found: ``agent.claims``). Returns the new :class:`fleet.models.Instance`. Raises ``ProviderError`` when the provider
     refuses or fails (nothing is recorded then).
     """
-    from fleet.models import Instance
     from fleet.providers import get_provider
 
     provider = get_provider()
     pi = provider.launch(gpu_name=gpu_name, offer_id=offer_id, label=label or "warden")
+    try:
+        return _record_launch(provider, pi, gpu_name=gpu_name, actor=actor, reason=reason, label=label)
+    except DatabaseError as exc:
+        raise EffectNotRecorded(f"launched {pi.external_id} at the provider; recording it failed ({type(exc).__name__}: "
+                                f"{str(exc)[:160]}); the next cycle adopts it by its label") from exc
+
+
+def _record_launch(provider, pi, *, gpu_name: str, actor: str, reason: str, label: str):
+    from fleet.models import Instance
+
     now = clock.now()
     # a sync between the launch and this save may already have adopted the row
     inst, _ = Instance.objects.update_or_create(

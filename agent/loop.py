@@ -194,7 +194,8 @@ def resume_run(run: Run, *, planner=None) -> Run:
                     tc.breakers.record_decision(a.step.seq, a.step.turn)
                 elif a.status == "expired":
                     _decided(a.step, "expired", "expired", "the approval expired unanswered; nothing executed")
-        if run.approvals.filter(step__outcome="parked").exclude(pk__in=seen).exists():
+        # still waiting, or dispatched elsewhere and not finished (an open claim: agent.claims settles it)
+        if run.approvals.filter(step__outcome="parked").exists():
             return run
         run.status = "running"
         run.save(update_fields=["status"])

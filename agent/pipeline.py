@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
+from agent.actions import EffectNotRecorded
 from agent.breakers import Halt
 from agent.guards import Refusal
 from agent.guards import check as guard_check
@@ -320,6 +321,11 @@ def execute(tc, step: Step, spec, args: dict, key: str, *, outcome: str = "execu
         return _failed(tc, step, claim, exc, t0)
     except ToolError as exc:
         return _failed(tc, step, claim, exc, t0)
+    except EffectNotRecorded as exc:
+        # it happened: never reported as a failure (issue 11 §1.4); an unclosed claim is settled next cycle
+        _done(claim, "done", str(exc))
+        return _finish(step, outcome, "", str(exc), observation=ok_observation({"done": True, "note": str(exc)}, limit), ok=True,
+                       duration_ms=(clock.monotonic() - t0) * 1000)
     except Exception as exc:  # noqa: BLE001 — the boundary: no tool exception crashes the loop
         log.exception("tool %s crashed", spec.name)
         _done(claim, "failed", repr(exc))

@@ -444,14 +444,25 @@ def demo_kill(request: HtmxHttpRequest) -> HttpResponse:
     """SIGKILL one running local worker (``fleet.demo.kill_one_worker``) to watch the agent react."""
     from fleet import demo
 
+    try:  # the intent first: an effect never happens without its audit row
+        row = do_audit(actor_of(request), "demo_kill_worker", "", "SIGKILL from the console", None, {"pid": None})
+    except DatabaseError as exc:
+        log.warning("demo kill: database error: %s", exc)
+        return _flash_response(request, False, f"the database is unavailable ({type(exc).__name__}); nothing was killed",
+                               status_on_error=503)
     try:
         inst = demo.kill_one_worker()
     except Exception as exc:
         log.warning("demo kill failed: %s", exc)
+        _record_after(row, {"pid": None, "error": str(exc)[:300]})
         return _flash_response(request, False, f"could not kill a worker: {_why(exc)}", status_on_error=503)
     if inst is None:
+        _record_after(row, {"pid": None, "error": "no running local worker"})
         return _flash_response(request, False, "no running local worker to kill", status_on_error=409)
-    do_audit(actor_of(request), "demo_kill_worker", inst.external_id, "SIGKILL from the console", None, {"pid": inst.pid})
+    try:
+        AuditLog.objects.filter(pk=row.pk).update(target=inst.external_id, after={"pid": inst.pid})
+    except DatabaseError as exc:
+        log.warning("audit row %s: outcome not recorded: %s", row.pk, exc)
     return _flash_response(request, True, f"sent SIGKILL to worker {inst.external_id} (pid {inst.pid})", topics=("fleet-changed",))
 
 

@@ -144,3 +144,30 @@ def test_the_json_api_answers_json_when_something_unexpected_breaks(client, alic
     assert resp.json()["code"] == "internal_error" and "RuntimeError" in resp.json()["detail"]
     claim = SideEffect.objects.get(tool="reboot_instance")
     assert claim.status == "failed"  # recorded, and it blocks nothing
+
+
+def test_an_agent_call_whose_recording_failed_is_executed_not_an_error():
+    from agent.loop import run_cycle
+    from agent.models import Step
+    from agent.planners.script import ScriptPlanner
+
+    with scenario_world([entry("v-1")], BUSY, policy={"reboot_instance": "auto"}) as provider:
+        real_reboot = provider.reboot
+        held = {}
+
+        def reboot_then_lock(external_id):
+            real_reboot(external_id)
+            held["cm"] = write_locked("fleet_instance")
+            held["cm"].__enter__()
+
+        provider.reboot = reboot_then_lock
+        try:
+            run = run_cycle("test", planner=ScriptPlanner([
+                {"tool": "reboot_instance", "args": {"instance_id": "v-1", "reason": "wedged"}}]))
+        finally:
+            if "cm" in held:
+                held["cm"].__exit__(None, None, None)
+        assert [c for c, _ in provider.calls].count("reboot_instance") == 1
+    step = Step.objects.get(run=run, tool="reboot_instance")
+    assert step.outcome == "executed" and "recording its outcome failed" in step.detail
+    assert SideEffect.objects.get(key=step.idempotency_key).status == "done"
