@@ -369,10 +369,19 @@ def _outcome_unknown(tc, step: Step, claim: SideEffect, exc: ProviderError, t0: 
 
 
 def _done(claim: SideEffect | None, status: str, result: str) -> None:
-    if claim is not None:
-        from agent.claims import close_claim
+    if claim is None:
+        return
+    from agent.claims import close_claim
 
-        close_claim(claim, status, result)
+    if not close_claim(claim, status, result) and status == "done":
+        # settled as stale while it was still running (past claim_max_age_min), and it did take
+        # effect: say so loudly — an approval sent back to waiting must not be approved again blind
+        from fleet.alerts import raise_alert
+
+        log.warning("claim %s finished after it was settled", claim.pk)
+        raise_alert("stale_claim", f"{claim.tool} {claim.instance_ref or claim.label} (claim {claim.pk}) was settled as "
+                    f"never run, but it finished and took effect: {result[:200]}", severity="P1",
+                    key=f"stale_claim:late:{claim.pk}")
 
 
 def _launched_by_siblings(step: Step) -> set[str]:
