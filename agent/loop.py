@@ -59,8 +59,18 @@ def acquire_lock(ttl_s: float | None = None) -> str | None:
     if held and holder and worker_alive(holder) is False:
         if SessionState.objects.filter(pk=1, lock_token=held).update(**mine) == 1:
             log.warning("run lock taken over from a dead holder (%s)", holder)
+            _fail_orphans(holder)
             return token
     return None
+
+
+def _fail_orphans(holder: str) -> None:
+    """Runs left ``running`` by the lock's dead holder end ``failed``, saying so (only the lock's
+    holder runs a cycle, so every ``running`` run was its). A call it left claimed is settled
+    against the provider by the next observe (``agent.claims``)."""
+    pid = holder.split("|")[1] if holder.count("|") == 2 else holder
+    for run in Run.objects.filter(status="running"):
+        _fail(run, RuntimeError(f"its worker process (pid {pid}) died mid-run; the next cycle re-observes"))
 
 
 def release_lock(token: str) -> None:

@@ -61,9 +61,14 @@ def test_a_queued_trigger_is_run_by_the_next_cycle(client, alice, local_fleet, b
 def test_a_lock_whose_holder_is_dead_is_taken_over_at_once_and_a_live_one_is_not(local_fleet):
     _lock_held_by(worker_identity())
     assert acquire_lock() is None  # alive (this very process)
-    _lock_held_by(_dead_holder())
+    orphan = Run.objects.create(number=99, trigger="heartbeat", planner="rules", status="running", started_at=clock.now())
+    dead = _dead_holder()
+    _lock_held_by(dead)
     token = acquire_lock()
     assert token is not None and SessionState.get().lock_holder == worker_identity()
+    orphan.refresh_from_db()  # the dead holder's run is not left "running" for ever
+    assert orphan.status == "failed" and f"pid {dead.split('|')[1]}" in orphan.halt_detail
+    assert orphan.ended_at is not None and orphan.final_report
     assert acquire_lock() is None  # one taker wins
     release_lock(token)
     assert SessionState.get().lock_token == ""
