@@ -301,6 +301,10 @@ def execute(tc, step: Step, spec, args: dict, key: str, *, outcome: str = "execu
     limit = tc.limits.observation_max_chars
     claim = None
     if spec.side_effect and key:
+        # the trace names the call before it is claimed: a worker that dies mid-call leaves a step
+        # the claim's settlement can find (agent.claims) and an operator can read
+        step.idempotency_key = key
+        step.save(update_fields=["idempotency_key", "args", "call_reason"])
         try:
             claim = claims.open_claim(key=key, tool=spec.name, args=args, instance_ref=str(args.get(spec.instance_arg or "", "")),
                                       actor=tc.actor, reason=str(args.get("reason", "")))

@@ -174,3 +174,28 @@ def test_an_unreadable_provider_settles_nothing(cloud):
     old.refresh_from_db()
     assert old.status == "claimed"  # not decided blind: still counts as pending
     assert not Alert.objects.filter(kind="stale_claim").exists()
+
+
+class _Killed(BaseException):
+    """What a SIGKILL looks like from inside: nothing after this line runs (no except clause catches it)."""
+
+
+def test_a_call_whose_worker_died_mid_call_ends_stale_claim_in_its_run(cloud):
+    _policy(**{"launch_instance:P0": "auto"})
+    gone = dead_worker()
+
+    def dies_mid_call(**kwargs):
+        SideEffect.objects.filter(status="claimed").update(worker=gone)  # the claim names the process that died
+        raise _Killed()
+
+    cloud.launch = dies_mid_call
+    with pytest.raises(_Killed):
+        run_cycle("test", planner=ScriptPlanner([LAUNCH]))
+    [step] = Step.objects.filter(kind="call", tool="launch_instance")
+    assert step.outcome == "" and step.idempotency_key  # in flight, and the trace says which call
+
+    monitor_tick()
+
+    step.refresh_from_db()
+    assert (step.outcome, step.reason_code) == ("error", "stale_claim") and "never ran" in step.detail
+    assert SideEffect.objects.get(key=step.idempotency_key).code == "stale_claim"
