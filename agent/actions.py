@@ -404,6 +404,11 @@ LIMIT_RANGES = {
     "diagnosis_fresh_min": ("float", 1, 1440),
     "approval_expiry_min": ("float", 1, 10_080),
     "provisioning_limit_min": ("float", 5, 10_080),
+    # the lifecycle numbers (agent.lifecycle); SCENARIOS.md: minutes at most 10^6
+    "offline_grace_min": ("float", 0, 1_000_000),
+    "claim_max_age_min": ("float", 0, 1_000_000),
+    "rejection_hold_min": ("float", 0, 1_000_000),
+    "starve_min": ("float", 0, 1_000_000),
     "startup_grace_s": ("int", 0, 3600),
     "max_steps": ("int", 1, 100),
     "same_error": ("int", 1, 20),
@@ -416,7 +421,6 @@ LIMIT_RANGES = {
     "observation_max_chars": ("int", 200, 200_000),
     "repeat_reminders": ("ints", 1, 100),
     "launch_rate": ("pair", 1, 86_400),
-    "claim_max_age_min": ("float", 1, 10_080),
 }
 
 
