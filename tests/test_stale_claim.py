@@ -133,6 +133,7 @@ def test_a_stale_launch_found_at_the_provider_is_adopted_and_its_approval_execut
 def test_an_approval_behind_a_claim_that_never_ran_waits_again_and_runs_once_when_approved(cloud, client, alice):
     """Issue 11 §1.1: never voided as ``duplicate`` for a call that did not run; never re-run silently."""
     _policy()
+    demo.enqueue(10)  # the launch is still needed when it is approved again
     run = run_cycle("test", planner=ScriptPlanner([{**LAUNCH, "args": {**LAUNCH["args"], "launch_priority": "P1"}}]))
     approval = Approval.objects.get(run=run)
     do_decide(approval, "approve", "user:alice")
