@@ -7,12 +7,24 @@ and push the same way (Zulip's ``zerver/actions`` pattern, reference/style.md §
 
 import hashlib
 
-from django.db import transaction
+from django.db import DatabaseError, transaction
 
 from agent.models import AuditLog, Run, SessionState, Step
 from fleet.clock import clock
 from fleet.events import emit
 from fleet.secrets import redact, redact_obj
+
+
+class EffectNotRecorded(Exception):
+    """The effect happened, recording its outcome failed (a database error after the provider
+    acted). The message says what happened; the intent audit row and the open claim stand, and
+    the next cycle settles the claim against the provider (``agent.claims``). Never shown as a
+    failure: an error page must not hide an effect (issue 11 §1.4). ``applied`` is False when
+    the intent was recorded but applying it failed (Warden re-applies it next cycle)."""
+
+    def __init__(self, message: str, *, applied: bool = True):
+        super().__init__(message)
+        self.applied = applied
 
 
 def do_audit(actor: str, verb: str, target: str = "", reason: str = "", before=None, after=None) -> AuditLog:
@@ -79,28 +91,53 @@ def do_post_message(text: str, actor: str) -> Step:
     return step
 
 
+@transaction.atomic
+def do_queue_cycle(actor: str, trigger: str = "operator") -> Run:
+    """An observe cycle someone asked for, as a ``queued`` run with its audit row (one
+    transaction, before anything is enqueued). The next cycle to start runs it — the Celery task
+    enqueued for it, or any later heartbeat — so a cycle the console calls "queued" does run."""
+    state = SessionState.objects.select_for_update().get(pk=SessionState.get().pk)
+    run = Run.objects.create(number=state.next_run_id, epoch=state.epoch, trigger=trigger, planner="", status="queued",
+                             started_at=clock.now())
+    state.next_run_id += 1
+    state.save(update_fields=["next_run_id", "updated_at"])
+    do_audit(actor, "observe_now", "agent", "operator pressed Trigger observe cycle now", None, {"run": run.number})
+    emit("runs-changed")
+    return run
+
+
 def _inst_state(inst) -> dict:
     return {"status": inst.status, "intended_status": inst.intended_status, "killed": inst.killed_at is not None}
 
 
-def do_launch_instance(*, gpu_name: str = "", offer_id: str = "", actor: str, reason: str = ""):
+def do_launch_instance(*, gpu_name: str = "", offer_id: str = "", actor: str, reason: str = "", label: str = "warden"):
     """Launch one instance through the configured provider and record it.
 
-    Returns the new :class:`fleet.models.Instance`. Raises ``ProviderError`` when the provider
+    ``label`` tags the instance at the provider (the pipeline passes one derived from the call's
+    idempotency key, so a launch whose answer is lost can be found: ``agent.claims``). Returns the new :class:`fleet.models.Instance`. Raises ``ProviderError`` when the provider
     refuses or fails (nothing is recorded then).
     """
-    from fleet.models import Instance
     from fleet.providers import get_provider
 
     provider = get_provider()
-    pi = provider.launch(gpu_name=gpu_name, offer_id=offer_id, label="warden")
+    pi = provider.launch(gpu_name=gpu_name, offer_id=offer_id, label=label or "warden")
+    try:
+        return _record_launch(provider, pi, gpu_name=gpu_name, actor=actor, reason=reason, label=label)
+    except DatabaseError as exc:
+        raise EffectNotRecorded(f"launched {pi.external_id} at the provider; recording it failed ({type(exc).__name__}: "
+                                f"{str(exc)[:160]}); the next cycle adopts it by its label") from exc
+
+
+def _record_launch(provider, pi, *, gpu_name: str, actor: str, reason: str, label: str):
+    from fleet.models import Instance
+
     now = clock.now()
     # a sync between the launch and this save may already have adopted the row
     inst, _ = Instance.objects.update_or_create(
         provider=provider.name,
         external_id=pi.external_id,
         defaults=dict(
-            label=pi.label,
+            label=(pi.label or label or "")[:100],
             gpu_name=pi.gpu_name or gpu_name,
             status=pi.status,
             intended_status="running",
@@ -134,6 +171,14 @@ def do_instance_action(inst, action: str, *, actor: str, reason: str = "") -> No
     before = _inst_state(inst)
     now = clock.now()
     getattr(provider, action)(inst.external_id)
+    try:
+        _record_instance_action(provider, inst, action, actor=actor, reason=reason, before=before, now=now)
+    except DatabaseError as exc:
+        raise EffectNotRecorded(f"{action} of {inst.external_id} was sent to the provider; recording its outcome failed "
+                                f"({type(exc).__name__}: {str(exc)[:160]}); Warden re-reads the fleet next cycle") from exc
+
+
+def _record_instance_action(provider, inst, action: str, *, actor: str, reason: str, before: dict, now) -> None:
     fields = ["status", "intended_status", "status_since", "pid", "exit_code"]
     if action == "stop":
         inst.intended_status, inst.status = "stopped", "stopped"
@@ -161,6 +206,10 @@ def do_instance_action(inst, action: str, *, actor: str, reason: str = "") -> No
             fields += ["killed_at", "killed_by", "kill_reason"]
     inst.status_since = now
     inst.save(update_fields=fields)
+    if action in ("reboot", "resume") and inst.cordoned:
+        from fleet.cordon import reapply
+
+        reapply([inst])  # the worker re-registered schedulable: Warden's cordon stands
     do_audit(actor, f"{action}_instance", inst.external_id, reason, before, _inst_state(inst))
     emit("fleet-changed")
 
@@ -218,21 +267,19 @@ def do_operator_instance_action(inst, action: str, *, actor: str, reason: str, o
     POST a ``duplicate``. Raises :class:`ActionRefused`, ``ValueError`` for bad input, or
     ``ProviderError`` when the provider fails.
     """
-    from django.db import IntegrityError
-
+    from agent.claims import ClaimRefused, close_claim, open_claim
     from agent.guards import check
-    from agent.models import SideEffect
     from agent.observe import observe
     from agent.policy import effective_limits, effective_policy
 
     if action not in OPERATOR_ACTIONS:
         raise ValueError(f"unknown action {action!r}; use one of {', '.join(sorted(OPERATOR_ACTIONS))}")
-    reason = (reason or "").strip()
-    if not reason:
-        raise ValueError("say why (the reason goes to the audit log)")
+    reason = check_text("reason", reason, required=True)
+    override_reason = check_text("override reason", override_reason)
+    request_key = check_text("request key", request_key, limit=200)
     tool = f"{action}_instance"
     args = {"instance_id": inst.external_id, "reason": reason}
-    override = OVERRIDABLE if (override_reason or "").strip() else set()
+    override = OVERRIDABLE if override_reason else set()
     state = SessionState.get()
     world = observe(effective_limits(state), effective_policy(state))
     key = "op:" + hashlib.sha256(f"{actor}|{tool}|{inst.external_id}|{request_key or clock.now().isoformat()}".encode()).hexdigest()[:36]
@@ -240,35 +287,107 @@ def do_operator_instance_action(inst, action: str, *, actor: str, reason: str, o
     if refusal is not None:
         do_audit(actor, f"{tool}_refused", inst.external_id, reason, None, {"code": refusal.code, "detail": refusal.detail})
         raise ActionRefused(refusal.code, refusal.detail)
+    # the claim is the check: one INSERT decides between concurrent requests (in_flight)
     try:
-        with transaction.atomic():
-            claim = SideEffect.objects.create(key=key, tool=tool, args=args, instance_ref=inst.external_id, actor=actor,
-                                              claimed_at=clock.now())
-    except IntegrityError:
-        raise ActionRefused("duplicate", "this request already ran") from None
+        claim = open_claim(key=key, tool=tool, args=args, instance_ref=inst.external_id, actor="operator",
+                           audit_actor=actor, reason=reason)
+    except ClaimRefused as exc:
+        do_audit(actor, f"{tool}_refused", inst.external_id, reason, None, {"code": exc.code, "detail": exc.detail})
+        raise ActionRefused(exc.code, exc.detail) from None
     if override:
-        do_audit(actor, "override_guard", inst.external_id, override_reason.strip(), None,
+        do_audit(actor, "override_guard", inst.external_id, override_reason, None,
                  {"overrides": sorted(override), "tool": tool})
     try:
         do_instance_action(inst, action, actor=actor, reason=reason)
-    except Exception as exc:
-        claim.status, claim.result, claim.finished_at = "failed", redact(str(exc))[:2000], clock.now()
-        claim.save(update_fields=["status", "result", "finished_at"])
+    except EffectNotRecorded:
+        try:
+            close_claim(claim, "done", f"{action} sent; its outcome was not recorded")
+        except DatabaseError:
+            pass  # the claim stays open: the next cycle settles it against the provider
         raise
-    claim.status, claim.finished_at = "done", clock.now()
-    claim.save(update_fields=["status", "finished_at"])
+    except Exception as exc:
+        from fleet.providers import ProviderError
+
+        if isinstance(exc, ProviderError) and exc.outcome_unknown:
+            from agent.claims import resolve_unknown
+
+            _, note = resolve_unknown(claim, actor=actor)
+            raise ProviderError(f"{exc}; the request was sent and its answer lost, so it was not re-sent; {note}",
+                                kind=exc.kind, code="outcome_unknown") from exc
+        close_claim(claim, "failed", str(exc))
+        raise
+    close_claim(claim, "done", f"{action} sent")
+
+
+def check_text(field: str, value, *, required: bool = False, limit: int = 2000) -> str:
+    """``value`` stripped, or ValueError naming ``field`` when it is not storable text.
+
+    Refused before any effect (issue 11 §1.4): not a string, a NUL byte (PostgreSQL cannot store
+    it), a lone surrogate such as ``\\ud800`` (not encodable as UTF-8), longer than ``limit``
+    characters, or empty when ``required``.
+    """
+    if value is None:
+        value = ""
+    if not isinstance(value, str):
+        raise ValueError(f"{field} must be text")
+    if "\x00" in value:
+        raise ValueError(f"{field} contains a NUL byte; remove it")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{field} contains an unpaired surrogate (not valid Unicode text); retype it") from None
+    value = value.strip()
+    if len(value) > limit:
+        raise ValueError(f"{field} is longer than {limit:,} characters; shorten it")
+    if required and not value:
+        raise ValueError(f"say why: the {field} goes to the audit log")
+    return value
 
 
 def do_cordon(inst, on: bool, *, actor: str, reason: str = "") -> int:
     """Cordon (or uncordon) ``inst``'s Curio worker: it drains and takes no new tasks.
 
-    Returns the number of worker rows changed (0 when the worker has not registered).
+    The cordon is Warden's state (``Instance.cordoned``, issue 11 §1.8): recorded with its audit
+    row (intent) in one transaction before the worker is touched, then applied to the worker
+    (``harmony_machines.unschedulable``) and to the provider (the local provider starts the worker
+    cordoned), and re-applied after every reboot, resume and re-registration (``fleet.cordon``).
+    The audit row gets the outcome after. Returns the number of worker rows changed (0 when the
+    worker has not registered yet: it is cordoned when it does). Raises ValueError for a bad
+    reason (nothing done) and the database or provider error when applying failed (the audit row
+    says so; Warden's record stands and is re-applied next cycle).
     """
     from fleet.harmony import set_unschedulable
+    from fleet.models import Instance
+    from fleet.providers import ProviderError, get_provider
 
-    n = set_unschedulable(inst.worker_name or inst.external_id, on)
-    do_audit(actor, "cordon" if on else "uncordon", inst.external_id, reason, None, {"unschedulable": on, "rows": n})
-    emit("fleet-changed", "demand-changed")
+    reason = check_text("reason", reason, required=True)
+    verb = "cordon" if on else "uncordon"
+    with transaction.atomic():
+        before = Instance.objects.select_for_update().values_list("cordoned", flat=True).get(pk=inst.pk)
+        Instance.objects.filter(pk=inst.pk).update(cordoned=on)
+        row = do_audit(actor, verb, inst.external_id, reason, {"cordoned": before}, {"cordoned": on, "applied": "pending"})
+    inst.cordoned = on
+    try:
+        n = set_unschedulable(inst.worker_name or inst.external_id, on)
+        try:
+            get_provider(inst.provider).set_cordon(inst.external_id, on)
+        except ProviderError as exc:
+            if exc.code != "not_found":
+                raise
+    except Exception as exc:
+        try:
+            AuditLog.objects.filter(pk=row.pk).update(after=redact_obj({"cordoned": on, "applied": False, "error": str(exc)[:300]}))
+        except DatabaseError:
+            pass
+        raise EffectNotRecorded(
+            f"{verb} of {inst.external_id} is recorded (audit row {row.pk}) but applying it to the worker failed "
+            f"({type(exc).__name__}: {str(exc)[:160]}); Warden re-applies it at the next cycle", applied=False) from exc
+    try:
+        AuditLog.objects.filter(pk=row.pk).update(after={"cordoned": on, "unschedulable": on, "rows": n, "applied": True})
+    except DatabaseError as exc:
+        raise EffectNotRecorded(f"{verb}ed {inst.external_id}; recording the outcome on audit row {row.pk} failed "
+                                f"({type(exc).__name__})") from exc
+    emit("fleet-changed", "demand-changed", "actions-changed")
     return n
 
 
@@ -285,6 +404,11 @@ LIMIT_RANGES = {
     "diagnosis_fresh_min": ("float", 1, 1440),
     "approval_expiry_min": ("float", 1, 10_080),
     "provisioning_limit_min": ("float", 5, 10_080),
+    # the lifecycle numbers (agent.lifecycle); SCENARIOS.md: minutes at most 10^6
+    "offline_grace_min": ("float", 0, 1_000_000),
+    "claim_max_age_min": ("float", 0, 1_000_000),
+    "rejection_hold_min": ("float", 0, 1_000_000),
+    "starve_min": ("float", 0, 1_000_000),
     "startup_grace_s": ("int", 0, 3600),
     "max_steps": ("int", 1, 100),
     "same_error": ("int", 1, 20),

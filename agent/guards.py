@@ -94,7 +94,8 @@ def duplicate(tool: str, args: dict, key: str, *, batch_prior: list[tuple[str, d
     spec = TOOLS[tool]
     if not spec.side_effect:
         return None
-    if SideEffect.objects.filter(key=key).exists():
+    # a claim settled as stale_claim never ran: it does not hold its key (agent.claims)
+    if SideEffect.objects.filter(key=key).exclude(code="stale_claim").exists():
         return Refusal("duplicate", "this call already ran (same idempotency key)")
     canon = canonical_json(args)
     if spec.instance_arg and any(t == tool and canonical_json(a) == canon for t, a in batch_prior):
@@ -191,6 +192,7 @@ def check(tool: str, args: dict, key: str, world, *, batch_prior: list[tuple[str
         ]
         if pending:
             return Refusal("launch_pending", f"launch of {pending[0].external_id} still pending ({pending[0].status or 'provisioning'})")
+        # an open launch claim (settled ones block nothing: agent.claims.settle_claims)
         if SideEffect.objects.filter(tool="launch_instance", status="claimed").exists():
             return Refusal("launch_pending", "an earlier launch is still in flight")
         # instance_cap

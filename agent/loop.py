@@ -35,23 +35,46 @@ log = logging.getLogger(__name__)
 def acquire_lock(ttl_s: float | None = None) -> str | None:
     """Take the run lock (a conditional UPDATE on the anchor); ``None`` if another run holds it.
 
-    The lock expires after ``ttl_s`` (WARDEN_RUN_LOCK_TTL_S), so a crashed run cannot wedge the agent.
+    The lock records its holder (``agent.claims.worker_identity``). It is free when released,
+    past its expiry (``ttl_s``, WARDEN_RUN_LOCK_TTL_S), or as soon as its holder is known dead
+    (a SIGKILLed worker on this host: issue 11 §1.1) — then taken over with a conditional UPDATE
+    on the dead holder's token, so two takers cannot both win.
     """
     from django.conf import settings
     from django.db.models import Q
+
+    from agent.claims import worker_alive, worker_identity
 
     SessionState.get()
     ttl_s = ttl_s or settings.WARDEN["RUN_LOCK_TTL_S"]
     now = clock.now()
     token = secrets.token_hex(16)
+    mine = dict(lock_token=token, lock_expires_at=now + timedelta(seconds=ttl_s), lock_holder=worker_identity())
     n = SessionState.objects.filter(pk=1).filter(
         Q(lock_token="") | Q(lock_expires_at__lt=now) | Q(lock_expires_at__isnull=True)
-    ).update(lock_token=token, lock_expires_at=now + timedelta(seconds=ttl_s))
-    return token if n == 1 else None
+    ).update(**mine)
+    if n == 1:
+        return token
+    held, holder = SessionState.objects.filter(pk=1).values_list("lock_token", "lock_holder").get()
+    if held and holder and worker_alive(holder) is False:
+        if SessionState.objects.filter(pk=1, lock_token=held).update(**mine) == 1:
+            log.warning("run lock taken over from a dead holder (%s)", holder)
+            _fail_orphans(holder)
+            return token
+    return None
+
+
+def _fail_orphans(holder: str) -> None:
+    """Runs left ``running`` by the lock's dead holder end ``failed``, saying so (only the lock's
+    holder runs a cycle, so every ``running`` run was its). A call it left claimed is settled
+    against the provider by the next observe (``agent.claims``)."""
+    pid = holder.split("|")[1] if holder.count("|") == 2 else holder
+    for run in Run.objects.filter(status="running"):
+        _fail(run, RuntimeError(f"its worker process (pid {pid}) died mid-run; the next cycle re-observes"))
 
 
 def release_lock(token: str) -> None:
-    SessionState.objects.filter(pk=1, lock_token=token).update(lock_token="", lock_expires_at=None)
+    SessionState.objects.filter(pk=1, lock_token=token).update(lock_token="", lock_expires_at=None, lock_holder="")
 
 
 # --- the turn context ------------------------------------------------------------------------
@@ -181,7 +204,8 @@ def resume_run(run: Run, *, planner=None) -> Run:
                     tc.breakers.record_decision(a.step.seq, a.step.turn)
                 elif a.status == "expired":
                     _decided(a.step, "expired", "expired", "the approval expired unanswered; nothing executed")
-        if run.approvals.filter(step__outcome="parked").exclude(pk__in=seen).exists():
+        # still waiting, or dispatched elsewhere and not finished (an open claim: agent.claims settles it)
+        if run.approvals.filter(step__outcome="parked").exists():
             return run
         run.status = "running"
         run.save(update_fields=["status"])

@@ -24,6 +24,7 @@ class SessionState(models.Model):
     observe_only = models.BooleanField(default=False)
     epoch = models.PositiveIntegerField(default=1)
     lock_token = models.CharField(max_length=64, blank=True)
+    lock_holder = models.CharField(max_length=200, blank=True)  # host|pid|start time of the lock's process
     lock_expires_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -142,19 +143,38 @@ class Approval(models.Model):
 class SideEffect(models.Model):
     """The claim that makes a side-effect tool run at most once per idempotency key.
 
-    Inserted before dispatch (a second insert of the same key fails); ``status`` claimed | done |
-    failed; ``result`` the runtime's observation text.
+    Inserted before dispatch, in the same transaction as its intent audit row (``agent.claims``).
+    ``status``: claimed (open: the effect may be happening) | done | failed. ``code`` says why a
+    claim closed or is doubtful: ``outcome_unknown`` (the request was sent and its answer lost),
+    ``stale_claim`` (settled against the provider and not found there: it never ran). ``worker``
+    is the identity of the process that made the call (``host|pid|start time``) so a dead one can
+    be told; ``label`` the provider label a launch carries (derived from the key), by which the
+    runtime finds what a lost request created. ``result`` is the runtime's observation text.
+
+    Two constraints decide claims in one statement (issue 11 §1.3): a key is claimed once (a claim
+    settled as ``stale_claim`` did not run and frees its key), and an instance has at most one open
+    claim (refusal ``in_flight``).
     """
 
-    key = models.CharField(max_length=64, unique=True)
+    key = models.CharField(max_length=64)
     tool = models.CharField(max_length=40)
     args = models.JSONField()
     instance_ref = models.CharField(max_length=64, blank=True, db_index=True)
     status = models.CharField(max_length=10, default="claimed")
+    code = models.CharField(max_length=40, blank=True)
     result = models.TextField(blank=True)
     actor = models.CharField(max_length=20, default="agent")
+    worker = models.CharField(max_length=200, blank=True)
+    label = models.CharField(max_length=100, blank=True)
     claimed_at = models.DateTimeField()
     finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["key"], condition=~models.Q(code="stale_claim"), name="sideeffect_key_once"),
+            models.UniqueConstraint(fields=["instance_ref"], condition=models.Q(status="claimed") & ~models.Q(instance_ref=""),
+                                    name="sideeffect_one_open_claim_per_instance"),
+        ]
 
 
 class MemoryFact(models.Model):

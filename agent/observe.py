@@ -24,16 +24,22 @@ def _transient(exc: BaseException) -> bool:
     return isinstance(exc, ProviderError) and exc.kind == "transient"
 
 
-def with_retries(fn, attempts: int = 3):
+def _not_sent(exc: BaseException) -> bool:
+    return isinstance(exc, ProviderError) and exc.not_sent
+
+
+def with_retries(fn, attempts: int = 3, *, side_effect: bool = False):
     """Call ``fn()`` retrying transient ``ProviderError`` with exponential backoff on ``clock``.
 
     Waits 1 s, 2 s, 4 s … (capped at 8 s) between attempts — virtual seconds under replay.
-    Re-raises the last error.
+    With ``side_effect`` only errors known not to have taken effect are retried (HTTP 429, a
+    refused connection: ``ProviderError.not_sent``); a timeout or reset after sending is never
+    re-sent blind (DESIGN.md invariant 10). Re-raises the last error.
     """
     retrying = Retrying(
         stop=stop_after_attempt(attempts),
         wait=wait_exponential(multiplier=1, max=8),
-        retry=retry_if_exception(_transient),
+        retry=retry_if_exception(_not_sent if side_effect else _transient),
         sleep=clock.sleep,
         reraise=True,
     )
@@ -194,9 +200,12 @@ def read_and_record_demand(instances) -> DemandReading:
 
 
 def observe(limits: Limits, policy: dict) -> World:
-    """Read the fleet (with retries) and demand; returns the cycle's :class:`World`."""
+    """Settle doubtful side-effect claims (``agent.claims.settle_claims``), read the fleet (with
+    retries) and demand; returns the cycle's :class:`World`."""
+    from agent.claims import settle_claims
     from fleet.sync import sync_instances
 
+    settle_claims(limits.claim_max_age_min)  # open claims whose worker died or that are too old
     provider_error = ""
     try:
         instances = with_retries(sync_instances, attempts=limits.retry_attempts)
@@ -205,6 +214,14 @@ def observe(limits: Limits, policy: dict) -> World:
         provider_error = f"{exc.code or exc.kind}: {exc}"
         raise_alert("provider_error", f"provider read failed: {provider_error}", severity="P1")
         instances = list(Instance.objects.filter(killed_at__isnull=True))
+    try:
+        from fleet.cordon import reapply
+
+        reapply(instances)  # a worker that re-registered has lost Warden's cordon
+    except Exception as exc:  # noqa: BLE001 — the demand read below reports a broken harmony database
+        import logging
+
+        logging.getLogger(__name__).warning("cordon re-application failed: %s", exc)
     demand = read_and_record_demand(instances)
     world = World(instances, demand, limits, policy)
     world.provider_error = provider_error

@@ -17,9 +17,9 @@ import json
 import logging
 from dataclasses import dataclass, field
 
-from django.db import IntegrityError, transaction
 from pydantic import ValidationError
 
+from agent.actions import EffectNotRecorded
 from agent.breakers import Halt
 from agent.guards import Refusal
 from agent.guards import check as guard_check
@@ -291,34 +291,46 @@ def execute(tc, step: Step, spec, args: dict, key: str, *, outcome: str = "execu
     """Run one tool body with its deadline, retries and idempotency claim; fill ``step``.
 
     ``outcome`` is the success outcome (``approved_executed`` for an approved call). A
-    side-effect call first claims its key in :class:`SideEffect`; a second claim is refused as
-    ``duplicate`` and nothing runs.
+    side-effect call first claims its key (``agent.claims.open_claim``: one INSERT, with its intent
+    audit row); a taken key is refused ``duplicate``, an instance with an open claim ``in_flight``,
+    and nothing runs. Side effects are retried only on errors known not to have taken effect; a
+    request whose answer was lost ends ``error``/``outcome_unknown`` after the runtime looked the
+    effect up and adopted what exists (``agent.claims.resolve_unknown``) — never re-sent.
     """
+    from agent import claims
+
     limit = tc.limits.observation_max_chars
     claim = None
     if spec.side_effect and key:
+        # the trace names the call before it is claimed: a worker that dies mid-call leaves a step
+        # the claim's settlement can find (agent.claims) and an operator can read
+        step.idempotency_key = key
+        step.save(update_fields=["idempotency_key", "args", "call_reason"])
         try:
-            with transaction.atomic():
-                claim = SideEffect.objects.create(
-                    key=key, tool=spec.name, args=redact_obj(args),
-                    instance_ref=redact(str(args.get(spec.instance_arg or "", "")))[:64], actor=tc.actor, claimed_at=clock.now(),
-                )
-        except IntegrityError:
-            return _finish(step, "refused", "duplicate", "this idempotency key already ran; nothing executed", ok=False)
+            claim = claims.open_claim(key=key, tool=spec.name, args=args, instance_ref=str(args.get(spec.instance_arg or "", "")),
+                                      actor=tc.actor, reason=str(args.get("reason", "")))
+        except claims.ClaimRefused as exc:
+            return _finish(step, "refused", exc.code, exc.detail, ok=False)
     timeout = spec.timeout_s or tc.limits.tool_timeout_s
     t0 = clock.monotonic()
-    ctx = ToolContext(run=tc.run, actor=tc.actor, world=tc.world, deadline=t0 + timeout, step=step)
+    ctx = ToolContext(run=tc.run, actor=tc.actor, world=tc.world, deadline=t0 + timeout, step=step,
+                      label=claim.label if claim is not None else "")
     try:
-        payload = with_retries(lambda: spec.body(ctx, args), attempts=tc.limits.retry_attempts)
+        payload = with_retries(lambda: spec.body(ctx, args), attempts=tc.limits.retry_attempts, side_effect=spec.side_effect)
         elapsed = clock.monotonic() - t0
         if elapsed > timeout and not spec.side_effect:
             raise ToolError(f"{spec.name} ran {elapsed:.1f}s, past its {timeout:g}s timeout", kind="transient", code="timeout")
-    except (ProviderError, ToolError) as exc:
-        code = "tool_timeout" if exc.code == "timeout" else (exc.code or exc.kind)
-        _done(claim, "failed", str(exc))
-        return _finish(step, "error", code if code == "tool_timeout" else "", f"{exc.kind} error ({exc.code or 'error'}): {exc}",
-                       observation=error_observation(f"{exc.kind} error ({exc.code or 'error'})", str(exc), limit),
-                       ok=False, error_kind=exc.kind, duration_ms=(clock.monotonic() - t0) * 1000)
+    except ProviderError as exc:
+        if claim is not None and exc.outcome_unknown:
+            return _outcome_unknown(tc, step, claim, exc, t0)
+        return _failed(tc, step, claim, exc, t0)
+    except ToolError as exc:
+        return _failed(tc, step, claim, exc, t0)
+    except EffectNotRecorded as exc:
+        # it happened: never reported as a failure (issue 11 §1.4); an unclosed claim is settled next cycle
+        _done(claim, "done", str(exc))
+        return _finish(step, outcome, "", str(exc), observation=ok_observation({"done": True, "note": str(exc)}, limit), ok=True,
+                       duration_ms=(clock.monotonic() - t0) * 1000)
     except Exception as exc:  # noqa: BLE001 — the boundary: no tool exception crashes the loop
         log.exception("tool %s crashed", spec.name)
         _done(claim, "failed", repr(exc))
@@ -338,10 +350,43 @@ def execute(tc, step: Step, spec, args: dict, key: str, *, outcome: str = "execu
     return step
 
 
+def _failed(tc, step: Step, claim, exc, t0: float) -> Step:
+    """A tool failed with a known outcome: nothing took effect."""
+    code = "tool_timeout" if exc.code == "timeout" else (exc.code or exc.kind)
+    _done(claim, "failed", str(exc))
+    return _finish(step, "error", code if code == "tool_timeout" else "", f"{exc.kind} error ({exc.code or 'error'}): {exc}",
+                   observation=error_observation(f"{exc.kind} error ({exc.code or 'error'})", str(exc), tc.limits.observation_max_chars),
+                   ok=False, error_kind=exc.kind, duration_ms=(clock.monotonic() - t0) * 1000)
+
+
+def _outcome_unknown(tc, step: Step, claim: SideEffect, exc: ProviderError, t0: float) -> Step:
+    """The request was sent and its answer lost: look it up, adopt what exists, never re-send
+    (SCENARIOS.md ``outcome_unknown``; DESIGN.md invariant 10)."""
+    from agent.claims import resolve_unknown
+
+    inst, note = resolve_unknown(claim, actor=tc.actor)
+    if inst is not None and inst.killed_at is None:
+        tc.world.set_instances([*[i for i in tc.world.instances if i.pk != inst.pk], inst])
+    detail = f"{step.tool}: {exc.code or exc.kind} after the request was sent ({exc}); its outcome is unknown, so it was not re-sent; {note}"
+    return _finish(step, "error", "outcome_unknown", detail,
+                   observation=error_observation("outcome_unknown", detail, tc.limits.observation_max_chars),
+                   ok=False, error_kind=exc.kind, duration_ms=(clock.monotonic() - t0) * 1000)
+
+
 def _done(claim: SideEffect | None, status: str, result: str) -> None:
-    if claim is not None:
-        claim.status, claim.result, claim.finished_at = status, redact(result)[:4000], clock.now()
-        claim.save(update_fields=["status", "result", "finished_at"])
+    if claim is None:
+        return
+    from agent.claims import close_claim
+
+    if not close_claim(claim, status, result) and status == "done":
+        # settled as stale while it was still running (past claim_max_age_min), and it did take
+        # effect: say so loudly — an approval sent back to waiting must not be approved again blind
+        from fleet.alerts import raise_alert
+
+        log.warning("claim %s finished after it was settled", claim.pk)
+        raise_alert("stale_claim", f"{claim.tool} {claim.instance_ref or claim.label} (claim {claim.pk}) was settled as "
+                    f"never run, but it finished and took effect: {result[:200]}", severity="P1",
+                    key=f"stale_claim:late:{claim.pk}")
 
 
 def _launched_by_siblings(step: Step) -> set[str]:
@@ -367,6 +412,11 @@ def dispatch_approved(tc, approval: Approval) -> Step:
     step = approval.step
     args = dict(approval.args)
     spec = TOOLS[approval.tool]
+    claim = SideEffect.objects.filter(key=approval.idempotency_key).exclude(code="stale_claim").first()
+    if claim is not None:
+        # the call was dispatched before (a redelivered task after a worker died): never run it
+        # again, and never void it as a duplicate of a call that may not have run
+        return _already_dispatched(approval, claim)
     siblings = set(Approval.objects.filter(run_id=step.run_id, step__turn=step.turn).values_list("idempotency_key", flat=True))
     refusal = guard_check(approval.tool, args, approval.idempotency_key, tc.world, actor=tc.actor,
                           batch_launched=_launched_by_siblings(step), batch_keys=siblings)
@@ -376,9 +426,33 @@ def dispatch_approved(tc, approval: Approval) -> Step:
         emit("approvals-changed")
         return step
     execute(tc, step, spec, args, approval.idempotency_key, outcome="approved_executed")
+    if step.outcome == "refused" and step.reason_code == "in_flight":
+        # another effect on the instance is open: not void — the operator's decision stands
+        Approval.objects.filter(pk=approval.pk).update(status="void", outcome_detail=f"in_flight: {step.detail}")
+        emit("approvals-changed")
+        return step
     Approval.objects.filter(pk=approval.pk).update(
         status="executed" if step.outcome == "approved_executed" else "failed",
         outcome_detail=step.detail or "executed",
     )
+    emit("approvals-changed")
+    return step
+
+
+def _already_dispatched(approval: Approval, claim: SideEffect) -> Step:
+    """An approved call whose claim exists: report what the claim says, run nothing.
+
+    Open: it is running elsewhere, or its worker died (``agent.claims.settle_claims`` settles it:
+    adopted, or back to ``waiting``). Done or failed: the approval takes that outcome.
+    """
+    step = approval.step
+    if claim.status == "claimed":
+        return step
+    status = "executed" if claim.status == "done" else "failed"
+    Approval.objects.filter(pk=approval.pk, status="approved").update(status=status, outcome_detail=claim.result[:2000])
+    if step.outcome in ("", "parked"):
+        ok = claim.status == "done"
+        _finish(step, "approved_executed" if ok else "error", "" if ok else claim.code,
+                f"already dispatched (claim {claim.pk}): {claim.result}", observation="", ok=ok)
     emit("approvals-changed")
     return step

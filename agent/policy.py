@@ -51,6 +51,11 @@ DEFAULT_LIMITS = {
     "diagnosis_fresh_min": 15,  # stop/destroy need a diagnosis this fresh
     "approval_expiry_min": 30,
     "provisioning_limit_min": 180,  # stuck created/loading/scheduling past this is terminal
+    # SCENARIOS.md "terminal instances", "starvation" and the reason table
+    "offline_grace_min": 30,  # provider status unknown/offline this long (worker dead) is terminal
+    "claim_max_age_min": 30,  # a side effect claimed and unfinished this long is a stale claim
+    "rejection_hold_min": 60,  # an operator's rejection stands this long unless demand changes state
+    "starve_min": 30,  # with work queued and no live worker, a launch pending this long stops blocking
     "launch_rate": [6, 600],  # at most N launches per S seconds (rate_limited)
 }
 

@@ -4,11 +4,17 @@ from celery import shared_task
 from django.db import transaction
 
 
-@shared_task(name="agent.tasks.observe_cycle", bind=True, acks_late=True, max_retries=10)
+@shared_task(name="agent.tasks.observe_cycle", bind=True, acks_late=True, max_retries=None)
 def observe_cycle(self, trigger: str = "heartbeat", message: str | None = None, actor: str = "system"):
     """Run one observe cycle; returns the run number. Retried shortly while another run (the
-    monitor, say) holds the lock, so a heartbeat is late by seconds, not skipped."""
+    monitor, say) holds the lock, so a heartbeat is late by seconds, not skipped.
+
+    A heartbeat gives up after 10 tries (the next beat comes). A cycle someone asked for (an
+    operator's "Trigger observe cycle now", a chat message) waits as a ``queued`` run and is
+    retried until it runs — or until another cycle picks that queued run up (issue 11 §1.1).
+    """
     from agent.loop import run_cycle
+    from agent.models import Run
 
     if message:  # stored once; a retry finds it waiting in its queued run
         from agent.actions import do_post_message
@@ -16,7 +22,12 @@ def observe_cycle(self, trigger: str = "heartbeat", message: str | None = None, 
         do_post_message(message, actor)
     run = run_cycle(trigger, actor=actor)
     if run is None:
-        raise self.retry(args=(trigger, None, actor), countdown=3)
+        if trigger == "heartbeat":
+            if self.request.retries >= 10:
+                return None
+        elif not Run.objects.filter(status="queued").exists():
+            return None  # another cycle ran the queued run: asked for and done
+        raise self.retry(args=(trigger, None, actor), countdown=min(30, 3 * (1 + self.request.retries)))
     return run.number
 
 

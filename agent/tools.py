@@ -86,6 +86,7 @@ class ToolContext:
 
     ``deadline`` is a ``clock.monotonic()`` value; long tools check :meth:`remaining`.
     ``world`` is the :class:`agent.observe.World` of the cycle (fleet, demand, diagnoses).
+    ``label`` is the provider label a launch carries (``agent.claims.launch_label`` of its key).
     """
 
     run: object
@@ -93,6 +94,7 @@ class ToolContext:
     world: object
     deadline: float
     step: object = None
+    label: str = ""
 
     def remaining(self) -> float:
         return self.deadline - clock.monotonic()
@@ -209,7 +211,8 @@ def launch_instance(ctx: ToolContext, args: dict) -> dict:
     from agent.actions import do_launch_instance
 
     inst = do_launch_instance(
-        gpu_name=args.get("gpu_name") or "", offer_id=args.get("offer_id") or "", actor=ctx.actor, reason=args.get("reason", "")
+        gpu_name=args.get("gpu_name") or "", offer_id=args.get("offer_id") or "", actor=ctx.actor, reason=args.get("reason", ""),
+        label=ctx.label,
     )
     ctx.world.set_instances([*ctx.world.instances, inst])
     return {"instance_id": inst.external_id, "status": inst.status, "gpu_name": inst.gpu_name, "dph": inst.dph}

@@ -20,6 +20,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import RequestDataTooBig
+from django.db import DatabaseError
 from django.db.models import Count, F, Q, Sum
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseForbidden, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
@@ -32,6 +33,7 @@ from django_htmx.middleware import HtmxDetails
 from agent.actions import (
     LIMIT_RANGES,
     ActionRefused,
+    EffectNotRecorded,
     OverrideError,
     baseline_settings,
     do_ack_alert,
@@ -385,17 +387,29 @@ def redis_hint(exc: Exception) -> str:
 
 @operator_required
 def observe_now(request: HtmxHttpRequest) -> HttpResponse:
-    """"Trigger observe cycle now": enqueue an ``operator`` cycle (the run appears when it starts)."""
+    """"Trigger observe cycle now": a ``queued`` run and its audit row (``do_queue_cycle``), then an
+    ``operator`` cycle enqueued after commit. The queued run is what makes "queued" true: if the
+    broker is down, the next heartbeat cycle runs it."""
+    from django.db import transaction
+
+    from agent.actions import do_queue_cycle
     from agent.tasks import start_cycle
 
     actor = actor_of(request)
     try:
+        with transaction.atomic():
+            run = do_queue_cycle(actor)
+    except DatabaseError as exc:
+        log.warning("observe now: database error: %s", exc)
+        return _flash_response(request, False, f"the database is unavailable ({type(exc).__name__}); nothing was queued",
+                               status_on_error=503)
+    try:
         start_cycle("operator", actor=actor)
     except Exception as exc:
         log.warning("start_cycle(operator) failed: %s", exc)
-        return _flash_response(request, False, f"could not queue the observe cycle: {_why(exc)}", status_on_error=503)
-    do_audit(actor, "observe_now", "agent", "operator pressed Trigger observe cycle now")
-    return _flash_response(request, True, "observe cycle queued", topics=("runs-changed",))
+        return _flash_response(request, True, f"observe cycle queued as run {run.number}; the task queue is unreachable "
+                               f"({_why(exc)}), so the next heartbeat runs it", topics=("runs-changed",))
+    return _flash_response(request, True, f"observe cycle queued (run {run.number})", topics=("runs-changed",))
 
 
 @operator_required
@@ -407,13 +421,31 @@ def demo_enqueue(request: HtmxHttpRequest) -> HttpResponse:
     if not form.is_valid():
         return _flash_response(request, False, "; ".join(form.errors.get("n", ["bad input"])), enqueue_form=form)
     n = form.cleaned_data["n"]
+    try:  # the intent first: an effect never happens without its audit row
+        row = do_audit(actor_of(request), "demo_enqueue", "harmony_task", "", None, {"n": n, "task_ids": None})
+    except DatabaseError as exc:
+        log.warning("demo enqueue: database error: %s", exc)
+        return _flash_response(request, False, f"the database is unavailable ({type(exc).__name__}); no task was added",
+                               enqueue_form=form, status_on_error=503)
     try:
         ids = demo.enqueue(n)
     except Exception as exc:  # harmony database unreadable
         log.warning("demo enqueue failed: %s", exc)
+        _record_after(row, {"n": n, "task_ids": [], "error": str(exc)[:300]})
         return _flash_response(request, False, f"could not add tasks: {_why(exc)}", enqueue_form=form, status_on_error=503)
-    do_audit(actor_of(request), "demo_enqueue", "harmony_task", "", None, {"n": n, "task_ids": list(ids)[:100]})
-    return _flash_response(request, True, f"added {len(ids)} task{'s' if len(ids) != 1 else ''} to the queue", topics=("demand-changed",))
+    note = "" if _record_after(row, {"n": n, "task_ids": list(ids)[:100]}) else " (recording their ids in the audit log failed)"
+    return _flash_response(request, True, f"added {len(ids)} task{'s' if len(ids) != 1 else ''} to the queue{note}",
+                           topics=("demand-changed",))
+
+
+def _record_after(row: AuditLog, after: dict) -> bool:
+    """Write an action's outcome on its intent audit row; False when the database refused."""
+    try:
+        AuditLog.objects.filter(pk=row.pk).update(after=after)
+        return True
+    except DatabaseError as exc:
+        log.warning("audit row %s: outcome not recorded: %s", row.pk, exc)
+        return False
 
 
 @operator_required
@@ -421,14 +453,25 @@ def demo_kill(request: HtmxHttpRequest) -> HttpResponse:
     """SIGKILL one running local worker (``fleet.demo.kill_one_worker``) to watch the agent react."""
     from fleet import demo
 
+    try:  # the intent first: an effect never happens without its audit row
+        row = do_audit(actor_of(request), "demo_kill_worker", "", "SIGKILL from the console", None, {"pid": None})
+    except DatabaseError as exc:
+        log.warning("demo kill: database error: %s", exc)
+        return _flash_response(request, False, f"the database is unavailable ({type(exc).__name__}); nothing was killed",
+                               status_on_error=503)
     try:
         inst = demo.kill_one_worker()
     except Exception as exc:
         log.warning("demo kill failed: %s", exc)
+        _record_after(row, {"pid": None, "error": str(exc)[:300]})
         return _flash_response(request, False, f"could not kill a worker: {_why(exc)}", status_on_error=503)
     if inst is None:
+        _record_after(row, {"pid": None, "error": "no running local worker"})
         return _flash_response(request, False, "no running local worker to kill", status_on_error=409)
-    do_audit(actor_of(request), "demo_kill_worker", inst.external_id, "SIGKILL from the console", None, {"pid": inst.pid})
+    try:
+        AuditLog.objects.filter(pk=row.pk).update(target=inst.external_id, after={"pid": inst.pid})
+    except DatabaseError as exc:
+        log.warning("audit row %s: outcome not recorded: %s", row.pk, exc)
     return _flash_response(request, True, f"sent SIGKILL to worker {inst.external_id} (pid {inst.pid})", topics=("fleet-changed",))
 
 
@@ -673,22 +716,32 @@ def run_instance_action(inst: Instance, action: str, *, actor: str, reason: str,
         return 409, "killed", f"{inst.external_id} is already gone ({inst.kill_reason or 'killed'})"
     try:
         if action in ("cordon", "uncordon"):
-            if not (reason or "").strip():
-                raise ValueError("say why (the reason goes to the audit log)")
             n = do_cordon(inst, action == "cordon", actor=actor, reason=reason)
             if n == 0:
-                return 409, "no_worker", f"{inst.external_id}'s worker has not registered with the queue; nothing to {action}"
+                return 200, "ok", (f"{action} of {inst.external_id} recorded; its worker has not registered with the queue yet"
+                                   + (" and is cordoned when it does" if action == "cordon" else ""))
             return 200, "ok", f"{action}ed {inst.external_id}"
         do_operator_instance_action(inst, action, actor=actor, reason=reason, override_reason=override_reason,
                                     request_key=request_key)
     except ActionRefused as exc:
         return exc.status, exc.code, exc.detail
     except ProviderError as exc:
+        if exc.code == "outcome_unknown":
+            return 502, "outcome_unknown", _why(exc)
         return 502, "provider_error", _why(exc)
     except DemandError as exc:  # Curio's database refused the cordon (e.g. a read-only role): says which grant
         return 503, "harmony_error", _why(exc)
     except ValueError as exc:
         return 400, "invalid", str(exc)
+    except EffectNotRecorded as exc:
+        # the effect happened (or was recorded and will be re-applied): never an error page that hides it
+        log.warning("%s of %s: %s", action, inst.external_id, exc)
+        return (200, "ok", str(exc)) if exc.applied else (503, "not_applied", str(exc))
+    except DatabaseError as exc:
+        # raised before the intent was recorded (actions write it first): nothing was done
+        log.warning("%s of %s: database error: %s", action, inst.external_id, exc)
+        return 503, "database_unavailable", (f"the database is unavailable ({type(exc).__name__}: {str(exc)[:120]}); "
+                                             "nothing was done; retry when it answers")
     return 200, "ok", f"{action} of {inst.external_id} sent"
 
 
@@ -760,9 +813,12 @@ def api_instance_action(request: HttpRequest, external_id: str, action: str) -> 
             return _json_error(400, "too_long", error)
     try:
         inst = _instance(external_id)
+        status, code, detail = run_instance_action(inst, action, actor=actor_of(request), **fields)
     except Http404:
         return _json_error(404, "not_found", f"no instance {external_id}")
-    status, code, detail = run_instance_action(inst, action, actor=actor_of(request), **fields)
+    except Exception as exc:  # noqa: BLE001 — the JSON API answers JSON, never an HTML 500
+        log.exception("api %s %s failed", action, external_id)
+        return _json_error(500, "internal_error", f"{type(exc).__name__}: {str(exc)[:200]}; see the Actions page before retrying")
     if status == 200:
         return JsonResponse({"ok": True, "detail": detail})
     return _json_error(status, code, detail)

@@ -24,7 +24,8 @@ class Instance(models.Model):
     ``status`` is what the provider last reported (vast ``actual_status`` terms: created, loading,
     running, stopped, exited, error, unknown, offline); ``intended_status`` what we asked for.
     ``killed_at`` set means the instance is gone (destroyed or vanished) and kept for history.
-    ``dph`` is dollars per hour.
+    ``dph`` is dollars per hour. ``cordoned`` is Warden's record of an operator's cordon: it is
+    re-applied to the worker after a reboot, a resume or a re-registration (issue 11 §1.8).
     """
 
     provider = models.CharField(max_length=20)
@@ -50,6 +51,7 @@ class Instance(models.Model):
     killed_by = models.CharField(max_length=100, blank=True)
     kill_reason = models.TextField(blank=True)
     destroy_requested_at = models.DateTimeField(null=True, blank=True)
+    cordoned = models.BooleanField(default=False)
 
     class Meta:
         unique_together = [("provider", "external_id")]

@@ -94,8 +94,9 @@ def supervise(state: Path, worker_args: list[str]) -> int:
 class Worker:
     """One demo Curio node named ``name`` (its ``machine_name``)."""
 
-    def __init__(self, name: str, *, proof_seconds: float, heartbeat_s: float, task_names: list[str]):
+    def __init__(self, name: str, *, proof_seconds: float, heartbeat_s: float, task_names: list[str], cordoned: bool = False):
         self.name = name
+        self.cordoned = cordoned  # Warden's cordon: the node registers unschedulable
         self.proof_seconds = proof_seconds
         self.heartbeat_s = heartbeat_s
         self.task_names = task_names
@@ -132,7 +133,7 @@ class Worker:
                 cpu=os.cpu_count() or 1,
                 ram=0,
                 gpu=1.0,
-                unschedulable=False,
+                unschedulable=self.cordoned,
                 restart_request=None,
             )
             if mine is not None:
@@ -305,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--proof-seconds", type=float, default=None, help="length of one proof (WARDEN_PROOF_SECONDS)")
     parser.add_argument("--heartbeat", type=float, default=None, help="heartbeat interval, s (WARDEN_HEARTBEAT_S)")
     parser.add_argument("--tasks", default=None, help="comma-separated task names (WARDEN_TASK_NAMES)")
+    parser.add_argument("--cordoned", action="store_true", help="register unschedulable (Warden's cordon survives restarts)")
     parser.add_argument("--supervise", action="store_true", help="run the worker as a child and record its exit")
     parser.add_argument("--state", default=None, help="supervisor state file (JSON)")
     args, _ = parser.parse_known_args(argv)
@@ -329,6 +331,7 @@ def main(argv: list[str] | None = None) -> int:
         proof_seconds=args.proof_seconds if args.proof_seconds is not None else warden["PROOF_SECONDS"],
         heartbeat_s=args.heartbeat if args.heartbeat is not None else warden["HEARTBEAT_S"],
         task_names=[t for t in (args.tasks.split(",") if args.tasks else warden["TASK_NAMES"]) if t],
+        cordoned=args.cordoned,
     )
     from django.db import DatabaseError
 

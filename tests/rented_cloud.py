@@ -1,8 +1,12 @@
 """A stand-in rented cloud (an external service, so a test double is allowed) and its fixtures.
 
 ``RentedProvider`` keeps its instances in memory: ``fail`` makes ``list_instances`` raise, ids
-in ``sticky`` stay listed after a destroy (an unconfirmed destroy). The ``cloud`` fixture installs
-it on a virtual clock starting at :data:`START`.
+in ``sticky`` stay listed after a destroy (an unconfirmed destroy). It launches (``r-1``, ``r-2``…,
+carrying the label it was given), reboots, stops and resumes; ``requests`` records every
+side-effect request that reached it, and :meth:`RentedProvider.fault` makes the next request to a
+call fail — before it takes effect, or after (``after_effect``: the answer is lost, as with a
+timeout or a connection reset on a real cloud). The ``cloud`` fixture installs it on a virtual
+clock starting at :data:`START`.
 """
 
 from datetime import UTC, datetime, timedelta
@@ -27,12 +31,69 @@ class RentedProvider(Provider):
         self.sticky: set[str] = set()
         self.fail: ProviderError | None = None
         self.calls = 0
+        self.requests: list[tuple[str, str]] = []  # (call, instance id or label)
+        self.faults: dict[str, list[tuple[ProviderError, bool]]] = {}
+        self.launched = 0
+
+    CODES = {"timeout": "transient", "connection_reset": "transient", "http_500": "transient", "http_429": "transient",
+             "connection_refused": "transient", "html_body": "semantic", "http_410": "permanent"}
+
+    def fault(self, call: str, code: str, *, after_effect: bool = False, times: int = 1) -> None:
+        """The next ``times`` requests to ``call`` (launch, reboot, stop, resume, destroy) fail with ``code``."""
+        for _ in range(times):
+            err = ProviderError(f"rented: {call}: {code}", kind=self.CODES[code], code=code)
+            self.faults.setdefault(call, []).append((err, after_effect))
+
+    def _request(self, call: str, what: str):
+        self.requests.append((call, what))
+        queue = self.faults.get(call) or []
+        if queue:
+            err, after = queue.pop(0)
+            if not after:
+                raise err
+            return err
+        return None
+
+    def sent(self, call: str) -> int:
+        """How many ``call`` requests reached the cloud."""
+        return [c for c, _ in self.requests].count(call)
 
     def list_instances(self) -> list[ProviderInstance]:
         self.calls += 1
         if self.fail is not None:
             raise self.fail
         return list(self.listed.values())
+
+    def launch(self, *, gpu_name: str = "", offer_id: str = "", label: str = "") -> ProviderInstance:
+        late = self._request("launch", label)
+        self.launched += 1
+        ext = f"r-{self.launched}"
+        self.listed[ext] = ProviderInstance(ext, "loading", gpu_name=gpu_name or "RTX 4090", dph=0.5, label=label,
+                                            worker_name=ext, started_at=clock.now())
+        if late is not None:
+            raise late
+        return self.listed[ext]
+
+    def _act(self, call: str, external_id: str, status: str) -> None:
+        if external_id not in self.listed:
+            raise ProviderError(f"no_such_instance {external_id}", code="not_found")
+        late = self._request(call, external_id)
+        pi = self.listed[external_id]
+        pi.status = status
+        pi.intended_status = "stopped" if call == "stop" else "running"
+        if call in ("reboot", "resume"):
+            pi.started_at = clock.now()
+        if late is not None:
+            raise late
+
+    def reboot(self, external_id: str) -> None:
+        self._act("reboot", external_id, "running")
+
+    def stop(self, external_id: str) -> None:
+        self._act("stop", external_id, "stopped")
+
+    def resume(self, external_id: str) -> None:
+        self._act("resume", external_id, "running")
 
     def destroy(self, external_id: str) -> None:
         if external_id not in self.listed:

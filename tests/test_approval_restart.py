@@ -56,7 +56,7 @@ class Worker:
         self._offset = self.log.stat().st_size if self.log.exists() else 0
         with open(self.log, "ab") as fh:
             self.proc = subprocess.Popen(
-                [str(CELERY), "-A", "console", "worker", "-Q", "warden", "--pool", "solo", "-l", "info",
+                [str(CELERY), "-A", "console", "worker", "-Q", settings.CELERY_TASK_DEFAULT_QUEUE, "--pool", "solo", "-l", "info",
                  "-n", f"{self.name}@%h", "--without-gossip", "--without-mingle", "--without-heartbeat"],
                 cwd=ROOT, env=self.env, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
                 start_new_session=True,

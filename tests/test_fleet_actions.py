@@ -104,9 +104,11 @@ def test_cordon_marks_the_worker_unschedulable(client, alice):
         client.force_login(alice)
         assert client.post("/instances/v-1/act/", {"action": "cordon", "reason": "drain for maintenance"}).status_code == 302
         assert HarmonyMachine.objects.using("harmony").get(pk=machine.pk).unschedulable is True
-        resp = client.post("/instances/v-2/act/", {"action": "cordon", "reason": "drain"})
-        assert resp.status_code == 409 and "has not registered" in resp.content.decode()
+        # a worker that has not registered yet: the cordon is Warden's record, applied when it registers
+        resp = client.post("/instances/v-2/act/", {"action": "cordon", "reason": "drain"}, HTTP_HX_REQUEST="true")
+        assert resp.status_code == 200 and "has not registered" in resp.content.decode()
     assert AuditLog.objects.get(verb="cordon", target="v-1").reason == "drain for maintenance"
+    assert set(Instance.objects.filter(cordoned=True).values_list("external_id", flat=True)) == {"v-1", "v-2"}
 
 
 def test_a_reason_is_required(client, alice):

@@ -22,6 +22,23 @@ class ProviderError(Exception):
         self.kind = kind
         self.code = code
 
+    @property
+    def not_sent(self) -> bool:
+        """Known not to have taken effect (:data:`NOT_SENT_CODES`): safe to send again."""
+        return self.code in NOT_SENT_CODES
+
+    @property
+    def outcome_unknown(self) -> bool:
+        """For a side-effect request: it may have taken effect although it failed (a timeout, a
+        reset, a 5xx or a garbled answer after it was sent; vast's create can fail and still
+        carry ``new_contract``). Such a request is never re-sent blind (DESIGN.md invariant 10)."""
+        return self.kind in ("transient", "semantic") and not self.not_sent
+
+
+#: error codes of requests the provider refused before acting (HTTP 429, a refused connection, a
+#: process that could not be spawned): the only side-effect failures that are retried
+NOT_SENT_CODES = {"http_429", "connection_refused", "spawn"}
+
 
 @dataclass
 class ProviderInstance:
@@ -52,7 +69,8 @@ class ProviderInstance:
 class Provider:
     """Base class. Subclasses set ``name`` and implement the calls they support.
 
-    Every method raises :class:`ProviderError` on failure. ``launch`` returns the new instance;
+    Every method raises :class:`ProviderError` on failure. ``launch`` returns the new instance and
+    tags it with ``label`` (Warden derives it from the call's idempotency key);
     ``stop``/``destroy``/``resume``/``reboot`` take the provider's ``external_id``.
     """
 
@@ -60,6 +78,14 @@ class Provider:
 
     def list_instances(self) -> list[ProviderInstance]:
         raise NotImplementedError
+
+    def find_by_label(self, label: str) -> list[ProviderInstance]:
+        """The instances carrying ``label`` (how a launch whose answer was lost is found again).
+
+        Default: a full list filtered here; a provider with a server-side filter (vast v1
+        ``select_filters={"label": {"eq": label}}``) overrides it. Raises :class:`ProviderError`.
+        """
+        return [pi for pi in self.list_instances() if label and pi.label == label]
 
     def launch(self, *, gpu_name: str = "", offer_id: str = "", label: str = "") -> ProviderInstance:
         raise ProviderError(f"{self.name}: launch is not supported", kind="permanent", code="unsupported")
@@ -75,6 +101,11 @@ class Provider:
 
     def destroy(self, external_id: str) -> None:
         raise ProviderError(f"{self.name}: destroy is not supported", kind="permanent", code="unsupported")
+
+    def set_cordon(self, external_id: str, on: bool) -> None:
+        """Tell the provider the instance's worker is cordoned, where it can start it so (the local
+        provider passes ``--cordoned``). Default: nothing; Warden re-applies the cordon after each
+        reboot, resume and registration itself (``fleet.cordon``)."""
 
     def search_offers(self, *, gpu_name: str = "", max_dph: float | None = None, limit: int = 10) -> list[dict]:
         raise ProviderError(f"{self.name}: search_offers is not supported", kind="permanent", code="unsupported")

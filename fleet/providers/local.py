@@ -189,6 +189,8 @@ class LocalProvider(Provider):
         run_path = self._run_path(external_id)
         run_path.unlink(missing_ok=True)
         cmd = [sys.executable, "-m", "fleet.worker", "--supervise", "--state", str(run_path), "--name", meta["name"]]
+        if meta.get("cordoned"):
+            cmd.append("--cordoned")  # Warden's cordon survives the restart (issue 11 §1.8)
         with open(meta["log_path"], "ab") as log:
             try:
                 proc = subprocess.Popen(
@@ -220,7 +222,7 @@ class LocalProvider(Provider):
                 raise ProviderError(
                     f"local: worker supervisor exited with code {proc.returncode}; see {meta['log_path']}",
                     kind="transient",
-                    code="spawn",
+                    code="supervisor_exited",
                 )
             time.sleep(0.05)
 
@@ -365,6 +367,13 @@ class LocalProvider(Provider):
                 _write_json(self._meta_path(external_id), meta)
             return
         self._start(external_id, meta)
+
+    def set_cordon(self, external_id: str, on: bool) -> None:
+        """Record Warden's cordon in the instance's state file: its worker starts cordoned."""
+        meta = self._meta(external_id)
+        if bool(meta.get("cordoned")) != on:
+            meta["cordoned"] = on
+            _write_json(self._meta_path(external_id), meta)
 
     def reboot(self, external_id: str) -> None:
         """Stop, then start again."""
