@@ -353,9 +353,11 @@ def do_cordon(inst, on: bool, *, actor: str, reason: str = "") -> int:
     cordoned), and re-applied after every reboot, resume and re-registration (``fleet.cordon``).
     The audit row gets the outcome after. Returns the number of worker rows changed (0 when the
     worker has not registered yet: it is cordoned when it does). Raises ValueError for a bad
-    reason (nothing done) and the database or provider error when applying failed (the audit row
-    says so; Warden's record stands and is re-applied next cycle).
+    reason (nothing done); ``DemandError`` naming the grant when Curio's database refuses the write
+    (the record is put back: it could never apply); :class:`EffectNotRecorded` when applying failed
+    otherwise (the audit row says so; Warden's record stands and is re-applied next cycle).
     """
+    from fleet.demand.base import DemandError
     from fleet.harmony import set_unschedulable
     from fleet.models import Instance
     from fleet.providers import ProviderError, get_provider
@@ -375,10 +377,17 @@ def do_cordon(inst, on: bool, *, actor: str, reason: str = "") -> int:
             if exc.code != "not_found":
                 raise
     except Exception as exc:
+        refused = isinstance(exc, DemandError)  # Curio's database refused it (a missing grant): it never applies
         try:
-            AuditLog.objects.filter(pk=row.pk).update(after=redact_obj({"cordoned": on, "applied": False, "error": str(exc)[:300]}))
+            AuditLog.objects.filter(pk=row.pk).update(after=redact_obj({"cordoned": before if refused else on,
+                                                                        "applied": False, "error": str(exc)[:300]}))
+            if refused:
+                Instance.objects.filter(pk=inst.pk).update(cordoned=before)
+                inst.cordoned = before
         except DatabaseError:
             pass
+        if refused:
+            raise
         raise EffectNotRecorded(
             f"{verb} of {inst.external_id} is recorded (audit row {row.pk}) but applying it to the worker failed "
             f"({type(exc).__name__}: {str(exc)[:160]}); Warden re-applies it at the next cycle", applied=False) from exc
