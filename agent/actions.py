@@ -285,6 +285,10 @@ LIMIT_RANGES = {
     "diagnosis_fresh_min": ("float", 1, 1440),
     "approval_expiry_min": ("float", 1, 10_080),
     "provisioning_limit_min": ("float", 5, 10_080),
+    "offline_grace_min": ("float", 0, 10_080),
+    "claim_max_age_min": ("float", 1, 10_080),
+    "rejection_hold_min": ("float", 0, 10_080),
+    "starve_min": ("float", 1, 10_080),
     "startup_grace_s": ("int", 0, 3600),
     "max_steps": ("int", 1, 100),
     "same_error": ("int", 1, 20),
@@ -315,6 +319,7 @@ def policy_keys() -> list[str]:
 
     keys = list(DEFAULT_POLICY)
     keys += [f"launch_instance:{p}" for p in PRIORITIES if f"launch_instance:{p}" not in DEFAULT_POLICY]
+    keys += [f"{t}:monitor" for t in ("stop_instance", "reboot_instance", "destroy_instance") if f"{t}:monitor" not in keys]
     return keys
 
 

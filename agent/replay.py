@@ -337,8 +337,9 @@ class Scenario(_Strict):
 
         for key in v:
             tool, _, prio = key.partition(":")
-            if tool not in PUBLIC_TOOLS or (prio and (tool != "launch_instance" or prio not in PRIORITIES)):
-                raise ValueError(f"unknown policy key {key!r}; use a tool name or launch_instance:P0..P3")
+            monitor_key = prio == "monitor" and tool in ("stop_instance", "reboot_instance", "destroy_instance")
+            if tool not in PUBLIC_TOOLS or (prio and not monitor_key and (tool != "launch_instance" or prio not in PRIORITIES)):
+                raise ValueError(f"unknown policy key {key!r}; use a tool name, launch_instance:P0..P3 or TOOL:monitor")
         return v
 
     @model_validator(mode="after")

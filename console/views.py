@@ -14,7 +14,6 @@ import functools
 import json
 import logging
 import uuid
-from datetime import timedelta
 
 from django.conf import settings
 from django.contrib import messages
@@ -116,14 +115,15 @@ def demand_context() -> dict:
 def cards_context() -> dict:
     """Summary cards: target and current proofs/hr, queue, workers, $/hr, instance counts."""
     state = SessionState.get()
-    grace_start = clock.now() - timedelta(seconds=settings.WARDEN["STARTUP_GRACE_S"])
     fleet = Instance.objects.filter(killed_at__isnull=True).aggregate(
         live=Count("id"),
         running=Count("id", filter=Q(status="running")),
-        starting=Count("id", filter=Q(status="running", started_at__gt=grace_start)),
         dph=Sum("dph", filter=Q(status__in=BILLABLE_STATUSES)),
     )
     ctx = demand_context()
+    # starting: inside the startup grace and not heartbeating yet, as the demand read counted them
+    # (a worker that heartbeats is live whatever the grace: issue 9 §1.7)
+    fleet["starting"] = ((ctx["demand"].detail or {}).get("workers_starting") or 0) if ctx["demand"] is not None else 0
     ok = ctx["demand_state"] == "ok"
     ctx.update(
         state=state,

@@ -58,7 +58,13 @@ def sync_instances(provider=None) -> list[Instance]:
     (nothing is changed then).
     """
     provider = provider or get_provider()
+    from agent.untrusted import raise_instance_injection, scan_instance
+
     listed = provider.list_instances()  # raises ProviderError: never read as "no instances"
+    for p in listed:  # provider text is data: instruction-like text raises prompt_injection here
+        hits = scan_instance(p)
+        if hits:
+            raise_instance_injection(p.external_id, hits)
     by_id = {p.external_id: p for p in listed}
     now = clock.now()
     changed = False

@@ -42,8 +42,10 @@ class HarmonyDemandSource:
     - ``running``: proving tasks owned by a live machine;
     - a machine is live when ``last_contact`` is within ``3 * WARDEN["HEARTBEAT_S"]`` seconds of
       ``clock.now()``;
-    - ``workers_expected``: instances with status ``running`` started more than
-      ``WARDEN["STARTUP_GRACE_S"]`` ago (``started_at``, else ``status_since``);
+    - ``workers_expected``: instances with status ``running`` whose worker heartbeats, or that
+      started more than ``WARDEN["STARTUP_GRACE_S"]`` ago (``started_at``, else ``status_since``):
+      the grace only excuses a worker that is not heartbeating yet (issue 9 §1.7);
+    - ``workers_starting``: running instances inside the grace whose worker is not live yet;
     - ``workers_live``: expected instances whose worker row is live and not cordoned;
       ``workers_cordoned``: live and ``unschedulable`` (draining, not dead);
       ``workers_dead``: the rest of the expected — stale heartbeat or no row at all;
@@ -117,16 +119,18 @@ class HarmonyDemandSource:
             )
 
         grace = timedelta(seconds=warden["STARTUP_GRACE_S"])
-        expected = live = cordoned = 0
+        expected = live = cordoned = starting = 0
         for inst in instances:
             if getattr(inst, "killed_at", None) is not None or inst.status != "running":
                 continue
             since = inst.started_at or inst.status_since
-            if since is None or since > now - grace:
-                continue
-            expected += 1
             name = inst.worker_name or inst.external_id
             view = workers.get(name)
+            # the grace only excuses a worker not heartbeating yet: a live one is live (issue 9 §1.7)
+            if (since is None or since > now - grace) and not (view is not None and view.live):
+                starting += 1
+                continue
+            expected += 1
             if view is None:
                 workers[name] = WorkerView(name=name, live=False)
             elif view.live and view.unschedulable:
@@ -142,6 +146,7 @@ class HarmonyDemandSource:
             workers_live=live,
             workers_dead=expected - live - cordoned,
             workers_cordoned=cordoned,
+            workers_starting=starting,
             proofs_hr=float(proofs),
             active=running > 0,
             oldest_queued_s=(now - oldest).total_seconds() if oldest is not None else None,
