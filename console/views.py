@@ -448,6 +448,7 @@ def approvals_context(recent: int = APPROVALS_RECENT) -> dict:
     )
     for a in waiting:
         a.seconds_left = (a.expires_at - now).total_seconds()
+    attach_situation_now(waiting)
     decided = []
     if recent:
         decided = list(
@@ -455,6 +456,28 @@ def approvals_context(recent: int = APPROVALS_RECENT) -> dict:
             .order_by(F("decided_at").desc(nulls_last=True), "-pk")[:recent]
         )
     return {"waiting": waiting, "decided": decided, "now": now}
+
+
+def attach_situation_now(approvals: list) -> None:
+    """Set ``a.now`` on each approval: the situation now, in the shape of ``a.situation`` (the one
+    when it was parked, ``agent.pipeline.situation``), so a card shows then and now side by side
+    (issue 9 §1.4). Two queries whatever the number of approvals."""
+    if not approvals:
+        return
+    sample = DemandSample.objects.order_by("-taken_at").first()
+    ids = {str((a.args or {}).get("instance_id")) for a in approvals if (a.args or {}).get("instance_id")}
+    rows = {}
+    for inst in Instance.objects.filter(external_id__in=ids).order_by("killed_at"):
+        rows.setdefault(inst.external_id, inst)
+    for a in approvals:
+        ident = (a.args or {}).get("instance_id")
+        target = None
+        if ident:
+            inst = rows.get(str(ident))
+            target = {"id": ident, "status": "absent" if inst is None else ("gone" if inst.killed_at else inst.status)}
+        a.now = {"demand": sample.state if sample else "unknown", "queued": sample.queued if sample else None,
+                 "workers_live": sample.workers_live if sample else None,
+                 "workers_expected": sample.workers_expected if sample else None, "target": target}
 
 
 def _safe_next(request, default: str) -> str:
@@ -509,6 +532,7 @@ def decide_approval(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     if request.htmx:
         now = clock.now()
         approval.seconds_left = (approval.expires_at - now).total_seconds()
+        attach_situation_now([approval])
         resp = render(request, "console/partials/approval_card.html",
                       _page_context(request, a=approval, error=error, note=note, now=now))
         trigger_client_event(resp, "approvals-changed")
