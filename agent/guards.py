@@ -144,6 +144,8 @@ def check(tool: str, args: dict, key: str, world, *, batch_prior: list[tuple[str
     terminal = False
     if inst is not None:
         terminal = is_terminal(inst, world)[0]
+        if tool == "destroy_instance" and inst.destroy_requested_at is not None:
+            terminal = True  # a destroy already decided, re-sent (destroy_unconfirmed): not a new scale-down
 
     if tool in SCALE_DOWN_TOOLS and inst is not None and inst.killed_at is None:
         d = world.refresh_demand() if not terminal else world.demand
