@@ -83,6 +83,28 @@ def _launch_price(args: dict) -> float:
     return min(prices) if prices else 0.0
 
 
+def duplicate(tool: str, args: dict, key: str, *, batch_prior: list[tuple[str, dict]] = (),
+              batch_keys: set[str] = frozenset()) -> Refusal | None:
+    """The ``duplicate`` refusal for a side effect, or ``None``: its idempotency key already ran,
+    the same action is earlier in this batch, or it already waits for approval (arguments as in
+    :func:`check`). The first guard of :func:`check`; the pipeline also asks it alone for a
+    batch refused whole (``batch_too_large`` comes after ``duplicate`` in SCENARIOS.md's order)."""
+    from agent.tools import TOOLS
+
+    spec = TOOLS[tool]
+    if not spec.side_effect:
+        return None
+    if SideEffect.objects.filter(key=key).exists():
+        return Refusal("duplicate", "this call already ran (same idempotency key)")
+    canon = canonical_json(args)
+    if spec.instance_arg and any(t == tool and canonical_json(a) == canon for t, a in batch_prior):
+        return Refusal("duplicate", "the same action is already in this batch")
+    for a in Approval.objects.filter(status="waiting", tool=tool):
+        if canonical_json(a.args) == canon and a.idempotency_key != key and a.idempotency_key not in batch_keys:
+            return Refusal("duplicate", f"the same action already waits for approval (approval {a.pk})")
+    return None
+
+
 def check(tool: str, args: dict, key: str, world, *, batch_prior: list[tuple[str, dict]] = (), actor: str = "agent",
           override: set[str] = frozenset(), batch_launched: set[str] = frozenset(),
           batch_keys: set[str] = frozenset(), at_dispatch: bool = False, observe_only: bool = False) -> Refusal | None:
@@ -105,16 +127,9 @@ def check(tool: str, args: dict, key: str, world, *, batch_prior: list[tuple[str
     lim = world.limits
     now = clock.now()
 
-    # duplicate
-    if spec.side_effect:
-        if SideEffect.objects.filter(key=key).exists():
-            return Refusal("duplicate", "this call already ran (same idempotency key)")
-        canon = canonical_json(args)
-        if spec.instance_arg and any(t == tool and canonical_json(a) == canon for t, a in batch_prior):
-            return Refusal("duplicate", "the same action is already in this batch")
-        for a in Approval.objects.filter(status="waiting", tool=tool):
-            if canonical_json(a.args) == canon and a.idempotency_key != key and a.idempotency_key not in batch_keys:
-                return Refusal("duplicate", f"the same action already waits for approval (approval {a.pk})")
+    refusal = duplicate(tool, args, key, batch_prior=batch_prior, batch_keys=batch_keys)
+    if refusal is not None:
+        return refusal
 
     inst = None
     if spec.instance_arg:

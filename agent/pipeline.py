@@ -2,7 +2,8 @@
 
 allowlist (``unknown_tool``) → policy ``forbidden`` (``forbidden_tool``, halts) → argument
 parsing and schema (``invalid_args``: never executed with empty arguments) → breakers
-(``identical_args``) → guards (``agent.guards``) → observe-only → policy (``auto`` runs,
+(``identical_args``) → batch size (``batch_too_large``: more than :data:`MAX_BATCH_CALLS` calls,
+refused whole, after ``duplicate``) → guards (``agent.guards``) → observe-only → policy (``auto`` runs,
 ``approval`` parks) → execution with a timeout, retries of transient errors and an idempotency
 claim → an observation written by the runtime. A planner-authored tool result is refused as
 ``forged_observation`` and halts the run (DESIGN.md invariant 4).
@@ -20,7 +21,9 @@ from django.db import IntegrityError, transaction
 from pydantic import ValidationError
 
 from agent.breakers import Halt
+from agent.guards import Refusal
 from agent.guards import check as guard_check
+from agent.guards import duplicate as duplicate_refusal
 from agent.lifecycle import forced_approval
 from agent.models import Approval, SideEffect, Step
 from agent.observe import with_retries
@@ -33,6 +36,10 @@ from fleet.providers import ProviderError
 from fleet.secrets import redact, redact_obj
 
 log = logging.getLogger(__name__)
+
+#: the most calls one parallel batch may hold; a larger batch is refused whole before any call
+#: runs (``batch_too_large``, SCENARIOS.md)
+MAX_BATCH_CALLS = 16
 
 
 def idempotency_key(run_number: int, turn: int, position: int, tool: str, args: dict | None) -> str:
@@ -136,6 +143,7 @@ def score_turn(tc, turn) -> tuple[list[Decision], Halt | None]:
     decisions: list[Decision] = []
     halt = None
     batch = len(turn.calls) > 1 or turn.batch
+    too_large = len(turn.calls) > MAX_BATCH_CALLS
     passed: list[tuple[str, dict]] = []
     for pos, p in enumerate(turn.calls):
         step = tc.new_step(kind="call", turn=tc.turn_index, position=pos, batch=batch, tool=p.tool[:40], raw_arguments=redact(p.raw())[:4000])
@@ -191,7 +199,13 @@ def score_turn(tc, turn) -> tuple[list[Decision], Halt | None]:
             continue
         dec.key = idempotency_key(tc.run.number, tc.turn_index, pos, p.tool, args)
         step.idempotency_key = dec.key
-        refusal = guard_check(p.tool, args, dec.key, tc.world, batch_prior=passed, actor=tc.actor, observe_only=tc.observe_only)
+        if too_large:  # refused whole: only the checks before it in SCENARIOS.md's order may speak first
+            refusal = duplicate_refusal(p.tool, args, dec.key, batch_prior=passed) or Refusal(
+                "batch_too_large", f"a parallel batch of {len(turn.calls)} calls; at most {MAX_BATCH_CALLS} per turn, nothing in it ran")
+            passed.append((p.tool, args))
+        else:
+            refusal = guard_check(p.tool, args, dec.key, tc.world, batch_prior=passed, actor=tc.actor,
+                                  observe_only=tc.observe_only)
         if refusal is not None:
             _finish(step, "refused", refusal.code, refusal.detail, ok=False)
             dec.action = "done"

@@ -1,35 +1,37 @@
 """Scenario replay: run one scenario file through the real observe cycle and report from its rows.
 
-Contract: ``../shared/SCENARIOS.md``. :func:`load_scenario` validates a file (unknown keys are
-errors: :class:`ScenarioFileError`, one line naming the file and the key path).
+Format: ``docs/replay.md`` (checked by ``agent.scenario_file``, re-exported here).
 :func:`run_scenario` sets up the world in the *current* database (the ``replay`` management
 command points that at a throwaway SQLite file first; tests use pytest's test database), routes
 ``get_provider()`` and the demand source to the file's fleet and demand, swaps in a virtual clock
 that starts at the file's ``now``, runs ``agent.loop.run_cycle`` (the entry point the Celery task
-calls), answers parked approvals as the file's ``operator`` says, resumes, and builds the report
-from the Run, Step, Approval and Alert rows that cycle wrote. :func:`match_expect` compares a
-report with the file's ``expect`` ("Matching expect" in SCENARIOS.md).
-
-File-format extension (documented in the README): ``objectives`` may also name any runtime limit
-of ``agent.policy.DEFAULT_LIMITS`` (``wall_clock_s``, ``token_budget``, ``max_steps``...) and the
-rule numbers ``dwell_min``, ``hold_off_min``, ``startup_grace_s``; other keys are still errors.
+calls), answers parked approvals as the file's ``operator`` says and resumes, then plays each
+``timeline`` moment (clock, demand, fleet, objectives, operator decisions dispatched at once, a
+heartbeat cycle unless ``run`` is ``none``) — :class:`Replay`. The report is built from the Run,
+Step, Approval and Alert rows those cycles wrote, plus the provider's final fleet and request
+counts. :func:`match_expect` compares a report with the file's ``expect``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-from collections import Counter
-from datetime import UTC, datetime, timedelta
-from pathlib import Path
-from typing import Any, Literal
+from datetime import timedelta
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from agent.scenario_file import (  # noqa: F401 — the file format is re-exported for callers of replay
+    ALERT_KINDS,
+    HALT_CODES,
+    CallExpect,
+    ExpectSpec,
+    Moment,
+    Scenario,
+    ScenarioFileError,
+    load_scenario,
+)
 
 OUTCOMES_EXECUTED = {"executed", "approved_executed"}
 OUTCOMES_REFUSED = {"refused", "halted"}
 OUTCOMES_DISPATCHED = {"executed", "approved_executed", "error"}
-OBJECTIVE_KEYS = {"target_proofs_hr", "max_instances", "max_dph", "dwell_min", "hold_off_min", "startup_grace_s"}
 #: the approval status -> final outcome of a parked call whose step still says ``parked``
 _APPROVAL_OUTCOME = {
     "waiting": ("parked", "approval_required"),
@@ -41,391 +43,6 @@ _APPROVAL_OUTCOME = {
 OPERATOR_USERNAME = "replay-operator"
 
 
-class ScenarioFileError(Exception):
-    """The scenario file is invalid (bad JSON, unknown key, bad value, bad decision reference).
-
-    ``str(exc)`` is one line naming the file and, when there is one, the key path.
-    """
-
-
-# ------------------------------------------------------------------------------------------------
-# the file
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class WorkerSpec(_Strict):
-    """Curio's view of one instance's worker."""
-
-    live: bool = False
-    unschedulable: bool = False
-    owned_tasks: int = Field(default=0, ge=0)
-
-
-class CommandAnswer(_Strict):
-    """What one command answers over SSH."""
-
-    rc: int = 0
-    out: str = ""
-
-
-class SshSpec(_Strict):
-    """What diagnosis over SSH sees on one instance."""
-
-    reachable: bool = True
-    commands: dict[str, CommandAnswer] = Field(default_factory=dict)
-
-
-class FleetEntry(_Strict):
-    """One instance of the scenario's fleet (times in minutes before ``now``)."""
-
-    id: str = Field(min_length=1, max_length=64)
-    provider: Literal["vastai", "ssh", "local", "scenario"] = "vastai"
-    actual_status: Literal[
-        "created", "loading", "scheduling", "running", "rebooting", "stopped", "frozen", "exited", "error",
-        "unknown", "offline",
-    ] = "running"
-    intended_status: Literal["running", "stopped", "destroyed"] = "running"
-    status_msg: str = ""
-    age_min: float = Field(default=60, ge=0)
-    status_age_min: float | None = Field(default=None, ge=0)
-    gpu_name: str = ""
-    dph: float = Field(default=0.0, ge=0)
-    worker: WorkerSpec | None = None
-    diagnosed_min_ago: float | None = Field(default=None, ge=0)
-    ssh: SshSpec | None = None
-
-
-class Offer(_Strict):
-    """One offer ``search_offers`` / ``launch_instance`` can find."""
-
-    id: str
-    gpu_name: str = ""
-    dph: float = Field(default=0.0, ge=0)
-    machine_id: int | None = None
-
-    @field_validator("id", mode="before")
-    @classmethod
-    def _id_str(cls, v):
-        return str(v) if isinstance(v, int) else v
-
-
-class DemandSpec(_Strict):
-    """The demand signal (``idle_min``: how long the queue has been empty; null = not idle)."""
-
-    state: Literal["ok", "unknown", "stale"] = "ok"
-    active: bool | None = None
-    queued: int | None = Field(default=None, ge=0)
-    running: int | None = Field(default=None, ge=0)
-    workers_expected: int | None = Field(default=None, ge=0)
-    workers_live: int | None = Field(default=None, ge=0)
-    idle_min: float | None = Field(default=None, ge=0)
-
-
-class HistoryEntry(_Strict):
-    """A past action (for hold-off and launch-pending checks)."""
-
-    min_ago: float = Field(ge=0)
-    tool: str
-    instance: str | None = None
-
-
-class CallSpec(_Strict):
-    """One call inside a parallel batch."""
-
-    tool: str
-    args: dict[str, Any] | None = None
-    raw_arguments: str | None = None
-
-    @model_validator(mode="after")
-    def _one_args(self):
-        if self.args is not None and self.raw_arguments is not None:
-            raise ValueError("give either args or raw_arguments, not both")
-        return self
-
-
-class Usage(_Strict):
-    """Tokens the model reported for one turn (the script planner counts them toward ``token_budget``)."""
-
-    prompt_tokens: int = Field(default=0, ge=0)
-    completion_tokens: int = Field(default=0, ge=0)
-
-
-class StepSpec(_Strict):
-    """One model turn: a ``tool`` call, a ``parallel`` batch, ``text`` only, or a ``tool_result``.
-
-    A ``tool_result`` step may name the ``tool`` whose result the model forged. ``usage`` (the
-    model's reported tokens for the turn) is optional.
-    """
-
-    tool: str | None = None
-    args: dict[str, Any] | None = None
-    raw_arguments: str | None = None
-    parallel: list[CallSpec] | None = None
-    text: str | None = None
-    tool_result: Any = None
-    usage: Usage | None = None
-
-    @model_validator(mode="after")
-    def _one_kind(self):
-        kinds = [k for k in ("tool", "parallel", "tool_result") if k in self.model_fields_set]
-        if kinds == ["tool", "tool_result"]:
-            kinds = ["tool_result"]
-        if len(kinds) > 1:
-            raise ValueError(f"a step is one of tool, parallel, text or tool_result; this one has {', '.join(kinds)}")
-        if not kinds and self.text is None:
-            raise ValueError("a step needs tool, parallel, text or tool_result")
-        if (self.args is not None or self.raw_arguments is not None) and (self.tool is None or "tool_result" in kinds):
-            raise ValueError("args/raw_arguments belong to a tool step")
-        if self.args is not None and self.raw_arguments is not None:
-            raise ValueError("give either args or raw_arguments, not both")
-        if self.parallel is not None and not self.parallel:
-            raise ValueError("parallel needs at least one call")
-        return self
-
-
-class Decision(_Strict):
-    """An operator answer for one parked call, named by ``step``(+``call``) or by ``tool``(+``args``)."""
-
-    step: int | None = Field(default=None, ge=0)
-    call: int | None = Field(default=None, ge=0)
-    tool: str | None = None
-    args: dict[str, Any] | None = None
-    decision: Literal["approve", "reject", "none"]
-    comment: str = ""
-
-    @model_validator(mode="after")
-    def _named(self):
-        if self.step is None and self.tool is None:
-            raise ValueError("name the call by step (and call, in a batch) or by tool (and args)")
-        if self.step is not None and self.tool is not None:
-            raise ValueError("name the call by step or by tool, not both")
-        if self.call is not None and self.step is None:
-            raise ValueError("call is an index into a step's parallel batch; give step too")
-        if self.args is not None and self.tool is None:
-            raise ValueError("args narrow a decision named by tool; give tool too")
-        return self
-
-
-class OperatorSpec(_Strict):
-    """How parked calls are answered."""
-
-    default: Literal["approve", "reject", "none"] = "none"
-    decisions: list[Decision] = Field(default_factory=list)
-
-
-class FaultSpec(_Strict):
-    """The next ``times`` requests to ``call`` fail with ``error``."""
-
-    call: str
-    times: int = Field(default=1, ge=1)
-    error: Literal[
-        "http_429", "http_410", "http_500", "timeout", "empty_body", "html_body", "ssh_refused", "ssh_timeout"
-    ]
-
-    @model_validator(mode="after")
-    def _call_ok(self):
-        from fleet.providers.scenario import normalize_call
-
-        normalize_call(self.call, self.error)
-        return self
-
-
-class CallExpect(_Strict):
-    """An expected call: matches when every field given agrees (``args``: the keys given agree)."""
-
-    tool: str | None = None
-    args: dict[str, Any] | None = None
-    reason: str | None = None
-    actor: Literal["agent", "monitor"] | None = None
-
-
-class ExpectSpec(_Strict):
-    """What must hold after the replay (SCENARIOS.md "Matching expect")."""
-
-    executed: list[CallExpect] | None = None
-    refused: list[CallExpect] | None = None
-    parked: list[CallExpect] | None = None
-    never_executed: list[str] | None = None
-    halt: str | None = None
-    alerts: list[str] | None = None
-
-    @field_validator("never_executed")
-    @classmethod
-    def _known_tools(cls, v):
-        from agent.tools import PUBLIC_TOOLS
-
-        for tool in v or []:
-            if tool not in PUBLIC_TOOLS:
-                raise ValueError(f"unknown tool {tool!r}; a typo here would make the expectation always hold")
-        return v
-
-    @field_validator("halt")
-    @classmethod
-    def _known_halt(cls, v):
-        if v is not None and v not in HALT_CODES:
-            raise ValueError(f"unknown halt code {v!r}; use one of {', '.join(sorted(HALT_CODES))}")
-        return v
-
-    @field_validator("alerts")
-    @classmethod
-    def _known_alerts(cls, v):
-        for kind in v or []:
-            if kind not in ALERT_KINDS:
-                raise ValueError(f"unknown alert kind {kind!r}; use one of {', '.join(sorted(ALERT_KINDS))}")
-        return v
-
-
-#: SCENARIOS.md: the codes that halt a run, and the alert kinds
-HALT_CODES = {"max_steps", "same_error", "identical_args", "text_only_spiral", "forbidden_tool", "forged_observation",
-              "wall_clock", "token_budget", "three_strikes"}
-ALERT_KINDS = {"workers_dead", "demand_unknown", "provider_error", "prompt_injection", "breaker_tripped",
-               "destroy_unconfirmed", "stuck_provisioning", "budget", "escalation"}
-
-
-class Scenario(_Strict):
-    """A scenario file (SCENARIOS.md "File")."""
-
-    name: str = Field(min_length=1)
-    about: str = ""
-    now: datetime
-    objectives: dict[str, Any] = Field(default_factory=dict)
-    policy: dict[str, Literal["auto", "approval", "forbidden"]] = Field(default_factory=dict)
-    fleet: list[FleetEntry] = Field(default_factory=list)
-    offers: list[Offer] = Field(default_factory=list)
-    demand: DemandSpec = Field(default_factory=DemandSpec)
-    history: list[HistoryEntry] = Field(default_factory=list)
-    planner: Literal["script", "rules", "llm"] = "script"
-    steps: list[StepSpec] | None = None
-    model_responses: list[Any] | None = None
-    operator: OperatorSpec = Field(default_factory=OperatorSpec)
-    provider_faults: list[FaultSpec] = Field(default_factory=list)
-    expect: ExpectSpec | None = None
-
-    @field_validator("now")
-    @classmethod
-    def _aware(cls, v: datetime) -> datetime:
-        return v if v.tzinfo else v.replace(tzinfo=UTC)
-
-    @field_validator("objectives")
-    @classmethod
-    def _objective_keys(cls, v: dict) -> dict:
-        from agent.actions import OverrideError, validate_overrides
-        from agent.policy import DEFAULT_LIMITS
-
-        allowed = OBJECTIVE_KEYS | set(DEFAULT_LIMITS)
-        for key in v:
-            if key not in allowed:
-                raise ValueError(f"unknown objective {key!r}; known: {', '.join(sorted(allowed))}")
-        target = v.get("target_proofs_hr", 0)
-        if isinstance(target, bool) or not isinstance(target, int | float) or not 0 <= target < 1e9:
-            raise ValueError(f"objective 'target_proofs_hr' must be a number ≥ 0 (got {target!r})")
-        # the same ranges the settings page enforces (agent.actions.LIMIT_RANGES)
-        try:
-            validate_overrides({}, {k: x for k, x in v.items() if k != "target_proofs_hr"})
-        except OverrideError as exc:
-            raise ValueError(f"objective {exc.field.removeprefix('limits.')!r}: {exc.message}") from None
-        return v
-
-    @field_validator("policy")
-    @classmethod
-    def _policy_keys(cls, v: dict) -> dict:
-        from agent.policy import PRIORITIES
-        from agent.tools import PUBLIC_TOOLS
-
-        for key in v:
-            tool, _, prio = key.partition(":")
-            monitor_key = prio == "monitor" and tool in ("stop_instance", "reboot_instance", "destroy_instance")
-            if tool not in PUBLIC_TOOLS or (prio and not monitor_key and (tool != "launch_instance" or prio not in PRIORITIES)):
-                raise ValueError(f"unknown policy key {key!r}; use a tool name, launch_instance:P0..P3 or TOOL:monitor")
-        return v
-
-    @model_validator(mode="after")
-    def _consistent(self):
-        ids = [f.id for f in self.fleet]
-        dup = [i for i, n in Counter(ids).items() if n > 1]
-        if dup:
-            raise ValueError(f"fleet ids repeat: {', '.join(dup)}")
-        if self.planner == "script" and self.steps is None:
-            raise ValueError("planner 'script' needs steps")
-        if self.planner == "rules" and self.steps is not None:
-            raise ValueError("planner 'rules' takes no steps")
-        if self.planner == "llm" and self.model_responses is None:
-            raise ValueError("planner 'llm' needs model_responses")
-        if self.planner != "llm" and self.model_responses is not None:
-            raise ValueError("model_responses belong to planner 'llm'")
-        for n, d in enumerate(self.operator.decisions):
-            where = f"operator.decisions[{n}]"
-            if d.step is None:
-                continue
-            if self.steps is None:
-                raise ValueError(f"{where}: names step {d.step}, but planner {self.planner!r} has no steps; name it by tool and args")
-            if d.step >= len(self.steps):
-                raise ValueError(f"{where}: step {d.step} does not exist (the file has {len(self.steps)} steps)")
-            s = self.steps[d.step]
-            if s.parallel is not None:
-                if d.call is None:
-                    raise ValueError(f"{where}: step {d.step} is a parallel batch; say which call (0..{len(s.parallel) - 1})")
-                if d.call >= len(s.parallel):
-                    raise ValueError(f"{where}: step {d.step} has {len(s.parallel)} calls; call {d.call} does not exist")
-            elif s.tool is None or "tool_result" in s.model_fields_set:
-                raise ValueError(f"{where}: step {d.step} makes no call")
-            elif d.call not in (None, 0):
-                raise ValueError(f"{where}: step {d.step} is a single call; call {d.call} does not exist")
-        return self
-
-
-def _loc(loc: tuple) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += ("." if out else "") + str(part)
-    return out or "(top level)"
-
-
-def _strip_validator_loc(loc: tuple) -> tuple:
-    # pydantic puts union/function markers in loc (e.g. 'function-after[...]'); keep real keys
-    return tuple(p for p in loc if not (isinstance(p, str) and ("[" in p and "]" in p)))
-
-
-def load_scenario(path: str | Path) -> tuple[Scenario, dict]:
-    """Read and validate ``path``; returns (the model, the raw JSON dict).
-
-    Raises :class:`ScenarioFileError` with one line: ``FILE: KEY.PATH: problem`` (every problem
-    found, separated by ``;``).
-    """
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ScenarioFileError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise ScenarioFileError(f"{path}: not UTF-8 text (byte {exc.start}); save the file as UTF-8") from None
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ScenarioFileError(f"{path}: not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
-    if not isinstance(raw, dict):
-        raise ScenarioFileError(f"{path}: the file must hold one JSON object")
-    try:
-        sc = Scenario.model_validate(raw)
-    except ValidationError as exc:
-        problems = []
-        for err in exc.errors():
-            where = _loc(_strip_validator_loc(err["loc"]))
-            if err["type"] == "extra_forbidden":
-                msg = "unknown key"
-            else:
-                msg = err["msg"].removeprefix("Value error, ")
-            problems.append(f"{where}: {msg}")
-        raise ScenarioFileError(f"{path}: " + "; ".join(problems)) from None
-    return sc, raw
-
-
 # ------------------------------------------------------------------------------------------------
 # the world
 
@@ -433,11 +50,12 @@ def load_scenario(path: str | Path) -> tuple[Scenario, dict]:
 def setup_world(sc: Scenario, provider) -> None:
     """Write the scenario's starting state into the current database, on the current (virtual) clock.
 
-    Instance rows from ``fleet`` (``created_at``/``status_since`` from ``age_min``/
-    ``status_age_min``; ``worker_name`` and ``ssh_host`` = the instance id), healthy Diagnosis
-    rows for ``diagnosed_min_ago``, SideEffect (status done) and AuditLog rows for ``history``,
-    and the session anchor's objectives and policy overrides. Also an operator user who answers
-    approvals.
+    Instance rows from ``fleet`` (not for ``known: false`` entries; ``created_at``/``status_since``
+    from ``age_min``/``status_age_min``; ``worker_name`` and ``ssh_host`` = the instance id),
+    healthy Diagnosis rows for ``diagnosed_min_ago``, SideEffect and AuditLog rows for ``history``
+    (``state: claimed`` leaves the SideEffect ``claimed``; a done destroy or stop records the
+    instance's destroy- or stop-requested time), the session anchor's objectives, policy
+    overrides and observe-only switch. Also an operator user who answers approvals.
     """
     from django.contrib.auth.models import Group, User
 
@@ -447,16 +65,17 @@ def setup_world(sc: Scenario, provider) -> None:
 
     now = clock.now()
     state = SessionState.get()
-    state.objectives = dict(sc.objectives)
-    if sc.objectives.get("target_proofs_hr") is not None:
-        state.target_proofs_hr = float(sc.objectives["target_proofs_hr"])
+    set_objectives(state, sc.objectives)
     overrides = dict(state.overrides or {})
-    overrides["policy"] = {**overrides.get("policy", {}), **sc.policy}
+    overrides["policy"] = {**overrides.get("policy", {}), **file_policy(sc.policy)}
     state.overrides = overrides
+    state.observe_only = sc.session.observe_only
     state.save()
 
     by_id = {}
     for f in sc.fleet:
+        if not f.known:
+            continue  # the provider lists it; our database has no row (a lost launch answer)
         created = now - timedelta(minutes=f.age_min)
         status_age = f.status_age_min if f.status_age_min is not None else f.age_min
         by_id[f.id] = Instance.objects.create(
@@ -485,6 +104,8 @@ def setup_world(sc: Scenario, provider) -> None:
                 source="ssh",
                 evidence={},
             )
+    requested_field = {"destroy_instance": "destroy_requested_at", "stop_instance": "stop_requested_at"}
+    instance_fields = {f.name for f in Instance._meta.get_fields()}
     for n, h in enumerate(sc.history):
         at = now - timedelta(minutes=h.min_ago)
         if h.tool == "launch_instance":
@@ -492,23 +113,53 @@ def setup_world(sc: Scenario, provider) -> None:
             args = {"gpu_name": gpu, "launch_priority": "P1", "reason": "scenario history"}
         else:
             args = {"instance_id": h.instance or "", "reason": "scenario history"}
+        claimed = h.state == "claimed"
         SideEffect.objects.create(
             key=f"history:{n}",
             tool=h.tool,
             args=args,
             instance_ref=h.instance or "",
-            status="done",
-            result="(scenario history)",
+            status="claimed" if claimed else "done",
+            result="" if claimed else "(scenario history)",
             actor="agent",
             claimed_at=at,
-            finished_at=at,
+            finished_at=None if claimed else at,
         )
         AuditLog.objects.create(
-            at=at, actor="agent", verb=h.tool, target=h.instance or "", reason="scenario history", after=args
+            at=at, actor="agent", verb=h.tool, target=h.instance or "",
+            reason="scenario history" + (" (claimed, never finished)" if claimed else ""), after=args,
         )
+        field = requested_field.get(h.tool)
+        if not claimed and field in instance_fields and h.instance in by_id:
+            Instance.objects.filter(pk=by_id[h.instance].pk).update(**{field: at})
     user, _ = User.objects.get_or_create(username=OPERATOR_USERNAME)
     group, _ = Group.objects.get_or_create(name="operators")
     user.groups.add(group)
+
+
+def file_policy(policy: dict) -> dict:
+    """The file's ``policy`` as overrides: naming ``TOOL`` replaces the product's default for every
+    priority key of that tool the file does not name (``launch_instance: approval`` also covers
+    ``:P0``). ``TOOL:monitor`` keys are left alone: the monitor keeps its own default unless the
+    file names that key (``forbidden`` on ``TOOL`` binds it anyway, in the pipeline)."""
+    from agent.policy import DEFAULT_POLICY
+
+    out = dict(policy)
+    for key in DEFAULT_POLICY:
+        tool, _, qual = key.partition(":")
+        if qual and qual != "monitor" and tool in policy and key not in policy:
+            out[key] = policy[tool]
+    return out
+
+
+def set_objectives(state, objectives: dict) -> None:
+    """Set ``objectives`` on the session anchor as an operator would (``target_proofs_hr`` on the
+    anchor, the rest merged into its objectives). The caller saves ``state``."""
+    merged = dict(state.objectives or {})
+    merged.update(objectives)
+    state.objectives = merged
+    if objectives.get("target_proofs_hr") is not None:
+        state.target_proofs_hr = float(objectives["target_proofs_hr"])
 
 
 def provider_name(sc: Scenario) -> str:
@@ -521,11 +172,40 @@ def provider_name(sc: Scenario) -> str:
     return names.pop() if len(names) == 1 else "scenario"
 
 
+class World:
+    """The replay's stand-ins for one file: ``provider`` (the scenario provider), ``demand``
+    (the scenario demand source) and ``clock`` (the virtual clock)."""
+
+    def __init__(self, provider, demand, clock):
+        self.provider, self.demand, self.clock = provider, demand, clock
+
+    def move_to(self, at) -> None:
+        """Move the virtual clock forward to ``at`` (never back: sleeps may have passed it)."""
+        ahead = (at - self.clock.now()).total_seconds()
+        if ahead > 0:
+            self.clock.advance(ahead)
+
+    def change_fleet(self, entries) -> None:
+        """Apply a moment's ``fleet`` changes at the provider and to Curio's view of the workers."""
+        for e in entries:
+            data = e.model_dump(exclude_none=True)
+            self.provider.put(data)
+            mine = next((f for f in self.demand.fleet if f["id"] == e.id), None)
+            if mine is None:
+                mine = {"id": e.id}
+                self.demand.fleet.append(mine)
+            if e.worker is not None:
+                mine["worker"] = e.worker.model_dump()
+            elif e.gone:
+                mine.pop("worker", None)  # a machine the provider no longer has runs no worker
+
+
 @contextlib.contextmanager
 def isolated(sc: Scenario):
     """The replay's world for the ``with`` block: virtual clock at ``now``, scenario provider and
     demand source, no broadcasts (the ``changed`` signal's receivers are detached), no Celery
-    broker, product-default policy (``WARDEN_UNATTENDED`` ignored). Yields the provider."""
+    broker, product-default policy (``WARDEN_UNATTENDED`` ignored). Yields the provider (its
+    :class:`World` is its ``world`` attribute)."""
     from django.conf import settings
 
     from fleet import demand as demand_mod
@@ -535,19 +215,21 @@ def isolated(sc: Scenario):
     from fleet.events import changed
     from fleet.providers.scenario import FaultBook, ScenarioProvider
 
-    fleet = [f.model_dump() for f in sc.fleet]
-    faults = FaultBook([f.model_dump() for f in sc.provider_faults])
-    provider = ScenarioProvider(fleet, [o.model_dump() for o in sc.offers], faults, name=provider_name(sc))
-    source = ScenarioDemandSource(sc.demand.model_dump(), fleet)
+    vclock = VirtualClock(sc.now)
     saved_receivers = changed.receivers
     saved_unattended = settings.WARDEN.get("UNATTENDED")
     changed.receivers = []
     changed.sender_receivers_cache.clear()
     settings.WARDEN["UNATTENDED"] = False
-    providers_mod.set_override(provider)
-    demand_mod.set_override(source)
     try:
-        with use_clock(VirtualClock(sc.now)):
+        with use_clock(vclock):
+            fleet = [f.model_dump() for f in sc.fleet]
+            faults = FaultBook([f.model_dump() for f in sc.provider_faults])
+            provider = ScenarioProvider(fleet, [o.model_dump() for o in sc.offers], faults, name=provider_name(sc))
+            source = ScenarioDemandSource(sc.demand.model_dump(), fleet)
+            provider.world = World(provider, source, vclock)
+            providers_mod.set_override(provider)
+            demand_mod.set_override(source)
             yield provider
     finally:
         providers_mod.set_override(None)
@@ -561,12 +243,13 @@ def isolated(sc: Scenario):
 # running
 
 
-def make_planner(sc: Scenario, raw: dict):
-    """The planner the file names: ``ScriptPlanner(steps)`` (the file's steps verbatim) or ``RulesPlanner()``."""
+def make_planner(sc: Scenario, raw: dict, *, cycle: int = 0):
+    """The planner the file names for ``cycle``: ``ScriptPlanner`` (the file's steps verbatim in
+    cycle 0, nothing later) or ``RulesPlanner()``."""
     if sc.planner == "script":
         from agent.planners.script import ScriptPlanner
 
-        return ScriptPlanner(raw["steps"])
+        return ScriptPlanner(raw["steps"] if cycle == 0 else [])
     if sc.planner == "rules":
         from agent.planners.rules import RulesPlanner
 
@@ -604,52 +287,171 @@ def _decision_for(sc: Scenario, approval, turn_index: dict, used: set[int]) -> t
     return sc.operator.default, ""
 
 
+class Replay:
+    """Drives one file: cycle 0, then each timeline moment; remembers which cycle wrote which step.
+
+    ``cycle_marks`` is a list of ``(last Step pk, cycle)``: steps up to that pk were written in
+    that cycle. ``runs`` maps a run's pk to the planner that drives it (resumes reuse it).
+    """
+
+    def __init__(self, sc: Scenario, raw: dict, provider, *, path: str = ""):
+        from agent.models import Run
+
+        self.sc, self.raw, self.provider, self.path = sc, raw, provider, path
+        self.first = (Run.objects.order_by("-number").values_list("number", flat=True).first() or 0) + 1
+        self.planners: dict[int, object] = {}
+        self.cycle0_run = None
+        self.last_run = None
+        self.cycles = 0
+        self.cycle_marks: list[tuple[int, int]] = []
+        self.used: set[int] = set()  # top-level decisions that named a parked call
+        self.seen: set[int] = set()  # approvals the top-level operator already answered (or left)
+
+    def runs(self):
+        from agent.models import Run
+
+        return Run.objects.filter(number__gte=self.first)
+
+    def mark(self, cycle: int) -> None:
+        from agent.models import Step
+
+        last = Step.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
+        self.cycle_marks.append((last, cycle))
+
+    def heartbeat(self, cycle: int) -> None:
+        """One observe cycle (observe, monitor, planner), then the top-level operator's answers."""
+        from agent.loop import run_cycle
+
+        planner = make_planner(self.sc, self.raw, cycle=cycle)
+        run = run_cycle("replay", planner=planner)
+        if run is None:
+            raise RuntimeError("run_cycle returned None: the run lock is held in a fresh database")
+        self.cycles += 1
+        self.planners[run.pk] = planner
+        self.last_run = run
+        if cycle == 0:
+            self.cycle0_run = run
+        self.answer_top_level()
+
+    def answer_top_level(self) -> None:
+        """Answer approvals parked in this cycle as the file's top-level ``operator`` says, resume."""
+        from agent.approvals import do_decide
+        from agent.models import Approval
+
+        for _ in range(100):
+            waiting = [
+                a for a in Approval.objects.filter(run__in=self.runs(), status="waiting").select_related("step")
+                .order_by("created_at", "id") if a.pk not in self.seen
+            ]
+            cycle0 = [self.cycle0_run] if self.cycle0_run is not None else []
+            turn_index = _turn_index(cycle0)
+            decided: dict[int, object] = {}
+            for a in waiting:
+                self.seen.add(a.pk)
+                decision, comment = _decision_for(self.sc, a, turn_index, self.used)
+                if decision == "none":
+                    continue
+                do_decide(a, decision, f"user:{OPERATOR_USERNAME}", comment or f"replay operator: {decision}")
+                decided[a.run_id] = a.run
+            if not decided:
+                return
+            self.resume(decided.values())
+
+    def resume(self, runs) -> None:
+        from agent.loop import resume_run
+
+        for run in runs:
+            run.refresh_from_db()
+            planner = self.planners.get(run.pk) or make_planner(self.sc, self.raw, cycle=1)
+            self.last_run = resume_run(run, planner=planner) or run
+
+    def moment(self, n: int, m: Moment) -> None:
+        """Timeline moment ``n`` (cycle ``n + 1``): clock, demand, fleet, objectives, decisions, cycle."""
+        from agent.loop import _settle_expired, expire_approvals
+        from agent.models import SessionState
+
+        world = self.provider.world
+        world.move_to(self.sc.now + timedelta(minutes=m.at_min))
+        if m.demand is not None:
+            world.demand.demand = m.demand.model_dump()
+        if m.fleet:
+            world.change_fleet(m.fleet)
+        if m.objectives:
+            state = SessionState.get()
+            set_objectives(state, m.objectives)
+            state.save()
+        if m.operator and m.operator.decisions:
+            for parked in expire_approvals():  # what the next beat would settle first
+                _settle_expired(parked)
+            self.decide_at(n, m)
+        if m.run == "heartbeat":
+            self.heartbeat(n + 1)
+
+    def decide_at(self, n: int, m: Moment) -> None:
+        """The moment's operator decisions: each answers the approvals of its tool (and args) that
+        wait now; approved calls are dispatched at once (guards re-checked) by resuming their runs.
+
+        Raises :class:`ScenarioFileError` for a decision naming a call that was never parked, or
+        one that fits several waiting calls with different arguments (give ``args`` keys).
+        """
+        from agent.approvals import DecisionError, do_decide
+        from agent.models import Approval
+        from agent.tools import canonical_json
+
+        resume: dict[int, object] = {}
+        for k, d in enumerate(m.operator.decisions):
+            where = f"{self.path or self.sc.name}: timeline[{n}].operator.decisions[{k}]"
+            ever = [a for a in Approval.objects.filter(run__in=self.runs(), tool=d.tool).select_related("run", "step")
+                    .order_by("created_at", "id") if not d.args or _args_agree(d.args, a.args)]
+            if not ever:
+                raise ScenarioFileError(f"{where}: names {d.tool}, which was never parked")
+            waiting = [a for a in ever if a.status == "waiting"]
+            if len({canonical_json({k2: v for k2, v in (a.args or {}).items() if k2 != "reason"}) for a in waiting}) > 1:
+                raise ScenarioFileError(
+                    f"{where}: {len(waiting)} {d.tool} calls with different arguments wait; add args keys to say which"
+                )
+            for a in waiting:  # none waiting: it was decided, voided or expired before this moment
+                self.seen.add(a.pk)
+                try:
+                    do_decide(a, d.decision, f"user:{OPERATOR_USERNAME}", d.comment or f"replay operator: {d.decision}")
+                except DecisionError:
+                    continue
+                resume[a.run_id] = a.run
+        self.resume(resume.values())
+        self.answer_top_level()
+
+    def unused_decisions(self) -> None:
+        """Raise :class:`ScenarioFileError` for a top-level decision that named no parked call."""
+        unused = [n for n in range(len(self.sc.operator.decisions)) if n not in self.used]
+        if unused:
+            d = self.sc.operator.decisions[unused[0]]
+            named = f"step {d.step}" + (f" call {d.call}" if d.call is not None else "") if d.step is not None else f"tool {d.tool}"
+            raise ScenarioFileError(
+                f"{self.path or self.sc.name}: operator.decisions[{unused[0]}]: names {named}, which was never parked"
+            )
+
+
 def run_scenario(sc: Scenario, raw: dict, *, path: str = "") -> dict:
-    """Set up the world, run one cycle, answer approvals, resume; returns the report (with ``ok``).
+    """Set up the world, run cycle 0, answer approvals and resume, then play the ``timeline``;
+    returns the report (with ``ok``).
 
     Uses the current database (call it on a throwaway one). Raises :class:`ScenarioFileError`
     when an operator decision names a call that was never parked.
     """
-    from agent.approvals import do_decide
-    from agent.loop import resume_run, run_cycle
-    from agent.models import Approval, Run
-
     with isolated(sc) as provider:
-        first = (Run.objects.order_by("-number").values_list("number", flat=True).first() or 0) + 1
         setup_world(sc, provider)
-        planner = make_planner(sc, raw)
-        run = run_cycle("replay", planner=planner)
-        if run is None:
-            raise RuntimeError("run_cycle returned None: the run lock is held in a fresh database")
-        used: set[int] = set()
-        seen: set[int] = set()
-        for _ in range(100):
-            runs = Run.objects.filter(number__gte=first)
-            waiting = list(
-                Approval.objects.filter(run__in=runs, status="waiting").select_related("step").order_by("created_at", "id")
-            )
-            turn_index = _turn_index(runs)
-            decided = False
-            for a in waiting:
-                decision, comment = _decision_for(sc, a, turn_index, used)
-                if a.pk in seen or decision == "none":
-                    seen.add(a.pk)
-                    continue
-                seen.add(a.pk)
-                do_decide(a, decision, f"user:{OPERATOR_USERNAME}", comment or f"replay operator: {decision}")
-                decided = True
-            if not decided:
-                break
-            run.refresh_from_db()
-            run = resume_run(run, planner=planner) or run
-        unused = [n for n in range(len(sc.operator.decisions)) if n not in used]
-        if unused:
-            d = sc.operator.decisions[unused[0]]
-            named = f"step {d.step}" + (f" call {d.call}" if d.call is not None else "") if d.step is not None else f"tool {d.tool}"
-            raise ScenarioFileError(
-                f"{path or sc.name}: operator.decisions[{unused[0]}]: names {named}, which was never parked"
-            )
-        report = build_report(Run.objects.filter(number__gte=first).order_by("number"), name=sc.name)
+        replay = Replay(sc, raw, provider, path=path)
+        replay.heartbeat(0)
+        replay.mark(0)
+        for n, m in enumerate(sc.timeline):
+            replay.moment(n, m)
+            replay.mark(n + 1)
+        replay.unused_decisions()
+        report = build_report(replay.runs().order_by("number"), name=sc.name, cycle_marks=replay.cycle_marks,
+                              last=replay.last_run)
+        report["final_fleet"] = provider.statuses()
+        report["provider_requests"] = provider.request_counts()
+        report["cycles"] = replay.cycles
     report["mismatches"] = match_expect(report, sc.expect) if sc.expect is not None else []
     report["ok"] = not report["mismatches"]
     return report
@@ -669,21 +471,31 @@ def _final(step, approval) -> tuple[str, str | None]:
     return outcome, reason
 
 
-def build_report(runs, *, name: str = "") -> dict:
-    """The report of ``runs`` (a queryset or list of Run rows, in order) from their rows.
+def _cycle_of(pk: int, marks: list[tuple[int, int]]) -> int:
+    for last, cycle in marks:
+        if pk <= last:
+            return cycle
+    return marks[-1][1] if marks else 0
+
+
+def build_report(runs, *, name: str = "", cycle_marks: list[tuple[int, int]] = (), last=None) -> dict:
+    """The report of ``runs`` (a queryset or list of Run rows) from their rows, in the order the
+    steps were written.
 
     Shape (SCENARIOS.md "Report"): ``{"name", "ok", "steps": [...], "alerts", "halt", "verdict",
     "final_report", "mismatches"}``. One entry per call with its final outcome (a parked call's
     later dispatch under the same idempotency key is folded into its entry); a parallel batch is
     one entry with ``calls``; text turns are entries with outcome ``text``. Entries carry ``i``,
-    ``actor``, ``tool``, ``args``, ``outcome``, ``reason``, ``detail``. Calls that were ever
-    parked are also listed (by ``i``/position) under the private key ``_parked``.
+    ``cycle`` (from ``cycle_marks``: ``(last Step pk, cycle)`` pairs; 0 without them),
+    ``actor``, ``tool``, ``args``, ``outcome``, ``reason``, ``detail``, and ``parked: true`` when
+    the call was ever parked for an operator. ``final_report`` is ``last``'s (default: the last
+    run's).
     """
     from agent.models import Approval, Step
     from fleet.models import Alert
 
     runs = list(runs)
-    steps = list(Step.objects.filter(run__in=runs, kind__in=["call", "text"]).order_by("run__number", "seq"))
+    steps = list(Step.objects.filter(run__in=runs, kind__in=["call", "text"]).order_by("pk"))
     approvals = {a.step_id: a for a in Approval.objects.filter(run__in=runs)}
     entries: list[dict] = []
     by_key: dict[tuple, dict] = {}  # (run, idempotency key) of a parked call -> its report call
@@ -691,8 +503,8 @@ def build_report(runs, *, name: str = "") -> dict:
     for s in steps:
         if s.kind == "text":
             entries.append(
-                {"i": len(entries), "actor": s.actor or "agent", "tool": None, "args": None, "outcome": "text",
-                 "reason": None, "detail": s.detail or "", "text": s.text}
+                {"i": len(entries), "cycle": _cycle_of(s.pk, cycle_marks), "actor": s.actor or "agent", "tool": None,
+                 "args": None, "outcome": "text", "reason": None, "detail": s.detail or "", "text": s.text}
             )
             continue
         approval = approvals.get(s.pk)
@@ -708,6 +520,7 @@ def build_report(runs, *, name: str = "") -> dict:
         outcome, reason = _final(s, approval)
         call = {
             "i": 0,
+            "cycle": _cycle_of(s.pk, cycle_marks),
             "actor": s.actor or "agent",
             "tool": s.tool or None,
             "args": s.args,
@@ -722,7 +535,7 @@ def build_report(runs, *, name: str = "") -> dict:
             bkey = (s.run_id, s.turn, s.actor)
             entry = batches.get(bkey)
             if entry is None:
-                entry = {"i": len(entries), "actor": s.actor or "agent", "calls": []}
+                entry = {"i": len(entries), "cycle": call["cycle"], "actor": s.actor or "agent", "calls": []}
                 batches[bkey] = entry
                 entries.append(entry)
             call["i"] = len(entry["calls"])
@@ -731,7 +544,9 @@ def build_report(runs, *, name: str = "") -> dict:
             call["i"] = len(entries)
             entries.append(call)
     alerts = list(dict.fromkeys(Alert.objects.order_by("raised_at", "id").values_list("kind", flat=True)))
-    last = runs[-1] if runs else None
+    last = last if last is not None else (runs[-1] if runs else None)
+    if last is not None:
+        last.refresh_from_db()
     verdict = None
     for r in runs:
         if r.verdict_action is not None or r.verdict_state_changed is not None:
@@ -753,10 +568,13 @@ def build_report(runs, *, name: str = "") -> dict:
 
 
 def public_report(report: dict) -> dict:
-    """The report without private keys (``_parked``), as printed by ``--json``."""
+    """The report as printed by ``--json``: private keys dropped, ``"parked": true`` on every call
+    that was ever parked for an operator."""
 
     def clean(e: dict) -> dict:
         out = {k: v for k, v in e.items() if not k.startswith("_")}
+        if e.get("_parked"):
+            out["parked"] = True
         if "calls" in out:
             out["calls"] = [clean(c) for c in out["calls"]]
         return out
@@ -787,9 +605,13 @@ def _args_agree(want: dict, have: dict | None) -> bool:
 def _fits(exp: CallExpect, call: dict) -> bool:
     if exp.tool is not None and call.get("tool") != exp.tool:
         return False
-    if exp.reason is not None and call.get("reason") != exp.reason:
-        return False
+    if exp.reason is not None:
+        accepted = exp.reason if isinstance(exp.reason, list) else [exp.reason]
+        if call.get("reason") not in accepted:
+            return False
     if exp.actor is not None and call.get("actor") != exp.actor:
+        return False
+    if exp.outcome is not None and call.get("outcome") != exp.outcome:
         return False
     if exp.args and not _args_agree(exp.args, call.get("args")):
         return False
@@ -851,16 +673,41 @@ def match_expect(report: dict, expect: ExpectSpec) -> list[str]:
     if expect.refused is not None:
         problems += _match_list("refused", expect.refused, [c for c in calls if c["outcome"] in OUTCOMES_REFUSED])
     if expect.parked is not None:
-        problems += _match_list("parked", expect.parked, [c for c in calls if c.get("_parked")])
+        problems += _match_list("parked", expect.parked, [c for c in calls if c.get("_parked") or c.get("parked")])
+    if expect.errored is not None:
+        problems += _match_list("errored", expect.errored, [c for c in calls if c["outcome"] == "error"])
     for tool in expect.never_executed or []:
         bad = [c for c in calls if c.get("tool") == tool and c["outcome"] in OUTCOMES_DISPATCHED]
         if bad:
             problems.append(f"never_executed: {tool} was dispatched: " + "; ".join(_brief(c) for c in bad))
     if "halt" in given and report.get("halt") != expect.halt:
         problems.append(f"halt: expected {expect.halt!r}, got {report.get('halt')!r}")
+    raised = report.get("alerts", [])
+    listed = ", ".join(raised) or "none"
     for kind in expect.alerts or []:
-        if kind not in report.get("alerts", []):
-            problems.append(f"alerts: {kind!r} was not raised (raised: {', '.join(report.get('alerts', [])) or 'none'})")
+        if kind not in raised:
+            problems.append(f"alerts: {kind!r} was not raised (raised: {listed})")
+    if expect.alerts_any is not None and not set(expect.alerts_any) & set(raised):
+        problems.append(f"alerts_any: none of {', '.join(expect.alerts_any)} was raised (raised: {listed})")
+    for kind in expect.no_alerts or []:
+        if kind in raised:
+            problems.append(f"no_alerts: {kind!r} was raised")
+    final = (report.get("final_report") or "").lower()
+    for text in expect.report_contains or []:
+        if text.lower() not in final:
+            problems.append(f"report_contains: {text!r} is not in the final report")
+    for text in expect.report_lacks or []:
+        if text.lower() in final:
+            problems.append(f"report_lacks: {text!r} is in the final report")
+    fleet = report.get("final_fleet") or {}
+    for iid, status in (expect.final_fleet or {}).items():
+        have = fleet.get(iid, "absent")
+        if have != status:
+            problems.append(f"final_fleet: {iid} is {have}, expected {status}")
+    counts = report.get("provider_requests") or {}
+    for op, n in (expect.provider_requests or {}).items():
+        if counts.get(op, 0) != n:
+            problems.append(f"provider_requests: {counts.get(op, 0)} {op} request(s), expected {n}")
     return problems
 
 
@@ -873,7 +720,7 @@ def format_report(report: dict) -> str:
     lines = [f"scenario {report['name']}"]
     for e in report["steps"]:
         if "calls" in e:
-            lines.append(f"  {e['i']:>2} {e['actor']:<7} parallel batch of {len(e['calls'])}")
+            lines.append(f"  {e['i']:>2} {e['actor']:<7} parallel batch of {len(e['calls'])} (cycle {e.get('cycle', 0)})")
             for c in e["calls"]:
                 lines.append("       " + _line(c))
         elif e.get("outcome") == "text":
@@ -882,6 +729,12 @@ def format_report(report: dict) -> str:
         else:
             lines.append(f"  {e['i']:>2} " + _line(e))
     lines.append(f"alerts: {', '.join(report['alerts']) or 'none'}")
+    if "cycles" in report:
+        lines.append(f"cycles: {report['cycles']}")
+    if report.get("final_fleet") is not None:
+        lines.append("final fleet: " + (", ".join(f"{k} {v}" for k, v in report["final_fleet"].items()) or "empty"))
+    if report.get("provider_requests"):
+        lines.append("provider requests: " + ", ".join(f"{k} {v}" for k, v in report["provider_requests"].items() if v))
     lines.append(f"halt: {report['halt'] or 'none'}")
     v = report["verdict"]
     lines.append(f"verdict: {'none' if v is None else json.dumps(v)}")
@@ -898,4 +751,5 @@ def _line(c: dict) -> str:
     args = "null" if c.get("args") is None else json.dumps(c["args"], sort_keys=True)
     reason = f" [{c['reason']}]" if c.get("reason") else ""
     detail = f" — {c['detail']}" if c.get("detail") else ""
-    return f"{c['actor']:<7} {c.get('tool')} {args} -> {c['outcome']}{reason}{detail}"
+    cycle = f" (cycle {c['cycle']})" if c.get("cycle") else ""
+    return f"{c['actor']:<7} {c.get('tool')} {args} -> {c['outcome']}{reason}{cycle}{detail}"

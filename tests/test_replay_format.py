@@ -1,4 +1,4 @@
-"""Scenario replay's file format, report shape and ``expect`` matching (../shared/SCENARIOS.md).
+"""Scenario replay's file format, report shape and ``expect`` matching (docs/replay.md).
 
 The scenario provider, demand source and SSH runner are exercised directly; the report builder
 and matcher read hand-made Run/Step/Approval/Alert rows, exactly as a cycle would write them.
@@ -68,8 +68,8 @@ def variant(**changes) -> dict:
 # --- validation ------------------------------------------------------------------------------
 
 
-def test_the_shared_cases_validate():
-    for path in sorted((ROOT.parent / "shared" / "cases").glob("*.json")):
+def test_every_scenario_file_validates():
+    for path in sorted((ROOT / "tests" / "scenarios").glob("*.json")):
         sc, raw = load_scenario(path)
         assert sc.name == raw["name"]
 
@@ -292,11 +292,12 @@ def test_report_is_built_from_the_rows():
     assert set(report) == {"name", "ok", "steps", "alerts", "halt", "verdict", "final_report", "mismatches"}
     steps = report["steps"]
     assert [e["i"] for e in steps] == [0, 1, 2, 3, 4]
-    assert steps[0] == {"i": 0, "actor": "agent", "tool": "stop_instance", "args": {"instance_id": "v-101"},
+    assert steps[0] == {"i": 0, "cycle": 0, "actor": "agent", "tool": "stop_instance", "args": {"instance_id": "v-101"},
                         "outcome": "refused", "reason": "demand_guard", "detail": "59 tasks queued"}
     assert [c["outcome"] for c in steps[1]["calls"]] == ["executed", "rejected"]
     assert steps[1]["calls"][1]["reason"] == "rejected"
-    assert set(steps[1]["calls"][0]) == {"i", "actor", "tool", "args", "outcome", "reason", "detail"}
+    assert set(steps[1]["calls"][0]) == {"i", "cycle", "actor", "tool", "args", "outcome", "reason", "detail"}
+    assert steps[1]["calls"][1]["parked"] is True  # ever parked for an operator
     assert steps[2]["args"] is None and steps[2]["reason"] == "invalid_args"
     assert steps[3]["actor"] == "monitor"
     assert steps[4]["outcome"] == "text"

@@ -48,7 +48,12 @@ class Sizing:
 
 
 def per_worker_rate(demand) -> float:
-    """Proofs/hr one worker delivers: measured when workers are live, else the configured proof length."""
+    """Proofs/hr one worker delivers: from the measured seconds per proof (``proof_s``, SCENARIOS.md
+    Version 2) when known, else from the last hour's proofs over live workers, else from the
+    configured proof length (``WARDEN_PROOF_SECONDS``)."""
+    proof_s = getattr(demand, "proof_s", None)
+    if proof_s:
+        return max(1.0, 3600.0 / proof_s)
     if demand.proofs_hr and demand.workers_live:
         return max(1.0, demand.proofs_hr / demand.workers_live)
     return 3600.0 / max(1.0, settings.WARDEN["PROOF_SECONDS"])

@@ -33,7 +33,10 @@ class DemandReading:
     heartbeated yet (a worker that heartbeats is live whatever the grace).
     ``proofs_hr``: successful proofs over the last hour. ``idle_since``: since when the queue
     has been empty with nothing running, when the source knows (else the observer derives it
-    from earlier samples). ``active``: Curio-style flag (some task
+    from earlier samples). ``backlog``: proving work waiting in Curio's pipeline tables with no
+    queue row yet (Curio adds queue rows only while a node that can claim them is alive); demand
+    like ``queued`` (SCENARIOS.md Version 2). ``proof_s``: measured median seconds per proof per
+    worker over the recent window (None: not measured yet). ``active``: Curio-style flag (some task
     running) — kept only to show that it must not be read as "no demand".
     ``workers`` maps a worker name (our ``Instance.worker_name``) to its :class:`WorkerView`.
     """
@@ -49,6 +52,8 @@ class DemandReading:
     proofs_hr: float | None = None
     active: bool | None = None
     oldest_queued_s: float | None = None
+    backlog: int | None = None
+    proof_s: float | None = None
     idle_since: datetime | None = None
     error: str = ""
     taken_at: datetime | None = None

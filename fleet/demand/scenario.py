@@ -1,4 +1,4 @@
-"""The ``scenario`` demand source: the demand signal of a replay file (../shared/SCENARIOS.md).
+"""The ``scenario`` demand source: the demand signal of a replay file (docs/replay.md).
 
 Built from the file's ``demand`` block and each ``fleet[]`` entry's ``worker`` (Curio's view of
 that instance's worker). Worker names are instance ids (the scenario provider reports
@@ -16,8 +16,9 @@ class ScenarioDemandSource:
     """Reads demand from a scenario file's ``demand`` dict and ``fleet`` list.
 
     ``demand`` keys: ``state`` (ok | unknown | stale), ``active``, ``queued``, ``running``,
-    ``workers_expected``, ``workers_live``, ``idle_min`` (minutes, None = not idle), optional
-    ``proofs_hr``. ``state: unknown`` makes :meth:`read` raise :class:`DemandError` (the caller,
+    ``workers_expected``, ``workers_live``, ``idle_min`` (minutes, None = not idle), ``backlog``
+    and ``proof_s`` (passed through to the reading), optional ``proofs_hr``. A replay's timeline
+    replaces :attr:`demand` and changes :attr:`fleet` between cycles. ``state: unknown`` makes :meth:`read` raise :class:`DemandError` (the caller,
     ``fleet.demand.read_demand``, turns that into an unknown reading with every count None).
     """
 
@@ -63,6 +64,8 @@ class ScenarioDemandSource:
             workers_dead=dead,
             workers_cordoned=cordoned,
             proofs_hr=d.get("proofs_hr"),
+            backlog=d.get("backlog"),
+            proof_s=d.get("proof_s"),
             active=d.get("active"),
             taken_at=now,
             idle_since=None if idle_min is None else now - timedelta(minutes=float(idle_min)),

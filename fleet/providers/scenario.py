@@ -1,10 +1,12 @@
 """The ``scenario`` provider and SSH command runner: a fleet held in memory, taken from a replay file.
 
-Scenario replay (``python manage.py replay FILE.json``, ../shared/SCENARIOS.md) routes every
+Scenario replay (``python manage.py replay FILE.json``, docs/replay.md) routes every
 ``get_provider()`` to a :class:`ScenarioProvider` built from the file's ``fleet``, ``offers`` and
 ``provider_faults``. Its calls change only its in-memory state; nothing outside the process is
 touched. Faults make the next ``times`` requests to one call fail, from any caller (the observe
-phase, the monitor and retries included), exactly like a real provider would:
+phase, the monitor and retries included), exactly like a real provider would. A fault may let
+its first ``skip`` requests pass, and with ``after_effect`` the request takes effect at the
+provider before it fails (a create that timed out but rented the machine):
 
 =============  ==========================  ===================
 error          ProviderError ``kind``      raised as
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+from datetime import timedelta
 
 from fleet.clock import clock
 from fleet.providers.base import Provider, ProviderError, ProviderInstance
@@ -72,39 +75,72 @@ def normalize_call(call: str, error: str) -> str:
     return PROVIDER_CALLS[call]
 
 
-class FaultBook:
-    """The file's ``provider_faults``: per call, a queue of (error, remaining times), used up in order.
+#: provider call -> the operation name the report counts (``provider_requests``)
+OPERATIONS = {
+    "list_instances": "list",
+    "search_offers": "search",
+    "launch_instance": "launch",
+    "stop_instance": "stop",
+    "resume_instance": "resume",
+    "reboot_instance": "reboot",
+    "destroy_instance": "destroy",
+}
+#: calls that change something at the provider (the only ones ``after_effect`` can apply to)
+EFFECT_CALLS = {"launch_instance", "stop_instance", "resume_instance", "reboot_instance", "destroy_instance"}
 
-    ``faults`` is a list of dicts ``{"call": str, "times": int, "error": str}``. Shared by the
-    provider and the SSH runner so one file drives both. ``fired`` records every fault that
-    fired as ``(call, error)``, for tests and the report.
+
+class FaultBook:
+    """The file's ``provider_faults``: per call, fault entries used up in order.
+
+    ``faults`` is a list of dicts ``{"call": str, "times": int, "error": str, "skip"?: int,
+    "after_effect"?: bool}``. Every request to a call first counts down the ``skip`` of each of
+    that call's entries (an entry still skipping lets the request pass); then the first entry
+    with ``times`` left fires. Shared by the provider and the SSH runner so one file drives
+    both. ``fired`` records every fault that fired as ``(call, error)``, for tests and the report.
     """
 
     def __init__(self, faults: list[dict] | None = None):
-        self._queues: dict[str, list[list]] = {}
+        self._queues: dict[str, list[dict]] = {}
         self.fired: list[tuple[str, str]] = []
         for f in faults or []:
             call = normalize_call(f["call"], f["error"])
-            self._queues.setdefault(call, []).append([f["error"], int(f.get("times", 1))])
+            if f.get("after_effect") and call not in EFFECT_CALLS:
+                raise ValueError(f"after_effect applies to a call that changes something ({', '.join(sorted(EFFECT_CALLS))}), not {f['call']!r}")
+            self._queues.setdefault(call, []).append(
+                {"error": f["error"], "times": int(f.get("times", 1)), "skip": int(f.get("skip") or 0),
+                 "after_effect": bool(f.get("after_effect"))}
+            )
+
+    def take_fault(self, call: str) -> dict | None:
+        """The fault the next request to ``call`` meets (``{"error", "after_effect"}``), or None."""
+        ready = None
+        for entry in self._queues.get(call, []):
+            if entry["skip"] > 0:
+                entry["skip"] -= 1  # this request is one of the entry's first ``skip``: it passes this entry
+            elif ready is None and entry["times"] > 0:
+                ready = entry
+        if ready is None:
+            return None
+        ready["times"] -= 1
+        self.fired.append((call, ready["error"]))
+        return {"error": ready["error"], "after_effect": ready["after_effect"]}
 
     def take(self, call: str) -> str | None:
         """The error the next request to ``call`` fails with (one use consumed), or None."""
-        for entry in self._queues.get(call, []):
-            if entry[1] > 0:
-                entry[1] -= 1
-                self.fired.append((call, entry[0]))
-                return entry[0]
-        return None
+        fault = self.take_fault(call)
+        return fault["error"] if fault else None
 
 
 class ScenarioProvider(Provider):
     """A provider whose fleet and offers live in memory, built from a scenario file.
 
     ``fleet``: the file's ``fleet`` entries as dicts (``id``, ``actual_status``,
-    ``intended_status``, ``status_msg``, ``gpu_name``, ``dph``...). ``offers``: dicts with ``id``,
-    ``gpu_name``, ``dph`` (and optionally ``machine_id``). ``faults``: a :class:`FaultBook` or the
-    file's ``provider_faults`` list. ``calls`` records every request as ``(call, args)``.
-    Launched instances are named ``s-1``, ``s-2``... and start ``loading``.
+    ``intended_status``, ``status_msg``, ``gpu_name``, ``dph``, ``age_min``...; an entry with
+    ``listed: false`` is not at the provider). ``offers``: dicts with ``id``, ``gpu_name``,
+    ``dph`` (and optionally ``machine_id``). ``faults``: a :class:`FaultBook` or the file's
+    ``provider_faults`` list. ``calls`` records every request as ``(call, args)``, faulted ones
+    included; :meth:`request_counts` counts them per operation. Launched instances are named
+    ``s-1``, ``s-2``..., carry the launch's ``label`` and start ``loading``.
     """
 
     name = "scenario"
@@ -115,32 +151,80 @@ class ScenarioProvider(Provider):
         self.name = name
         self.faults = faults if isinstance(faults, FaultBook) else FaultBook(faults)
         self.instances: dict[str, dict] = {}
-        self.ssh: dict[str, dict] = {e["id"]: e["ssh"] for e in fleet or [] if e.get("ssh") is not None}
+        self.ssh: dict[str, dict] = {}
         self.runners: list[ScenarioCommandRunner] = []
         for entry in fleet or []:
-            self.instances[entry["id"]] = {
-                "status": entry.get("actual_status") or "running",
-                "intended_status": entry.get("intended_status") or "running",
-                "status_msg": entry.get("status_msg") or "",
-                "gpu_name": entry.get("gpu_name") or "",
-                "dph": float(entry.get("dph") or 0.0),
-                "started_at": None,
-                "provider": entry.get("provider") or name,
-            }
+            if entry.get("listed", True) is False:
+                continue
+            self.put(entry)
         self.offers: list[dict] = [copy.deepcopy(o) for o in offers or []]
         self.calls: list[tuple[str, dict]] = []
         self._ids = itertools.count(1)
 
-    # --- faults -----------------------------------------------------------------------------
-    def _request(self, call: str, **args) -> None:
-        self.calls.append((call, args))
-        error = self.faults.take(call)
-        if error is None:
+    # --- the file's changes (timeline) --------------------------------------------------------
+    def put(self, entry: dict) -> None:
+        """Add or change one instance at the provider from a fleet entry (only the keys it gives).
+
+        ``"gone": true`` removes it from the provider's list. A new instance started ``age_min``
+        minutes ago on the virtual clock (0 when not given).
+        """
+        iid = str(entry["id"])
+        if entry.get("gone"):
+            self.instances.pop(iid, None)
+            self.ssh.pop(iid, None)
             return
+        inst = self.instances.get(iid)
+        if inst is None:
+            age = entry.get("age_min")
+            inst = self.instances[iid] = {
+                "status": "running", "intended_status": "running", "status_msg": "", "gpu_name": "", "dph": 0.0,
+                "started_at": None if age is None else clock.now() - timedelta(minutes=float(age)),
+                "provider": self.name, "label": iid,
+            }
+        for key, field in (("actual_status", "status"), ("intended_status", "intended_status"),
+                           ("status_msg", "status_msg"), ("gpu_name", "gpu_name"), ("provider", "provider")):
+            if entry.get(key) is not None:
+                inst[field] = entry[key]
+        if entry.get("dph") is not None:
+            inst["dph"] = float(entry["dph"])
+        if entry.get("ssh") is not None:
+            self.ssh[iid] = entry["ssh"]
+
+    def request_counts(self) -> dict[str, int]:
+        """Requests received per operation (``list``, ``search``, ``launch``, ``stop``, ``resume``,
+        ``reboot``, ``destroy``), faulted ones included; every operation is present (0 when none)."""
+        counts = dict.fromkeys(OPERATIONS.values(), 0)
+        for call, _ in self.calls:
+            op = OPERATIONS.get(call, call)  # a call added later is counted under its own name
+            counts[op] = counts.get(op, 0) + 1
+        return counts
+
+    def statuses(self) -> dict[str, str]:
+        """``{instance id: provider status}`` of every instance the provider lists now."""
+        return {iid: inst["status"] for iid, inst in self.instances.items()}
+
+    # --- faults -----------------------------------------------------------------------------
+    def _request(self, call: str, **args) -> dict | None:
+        """Record the request; raise its fault now, or return an ``after_effect`` fault to raise
+        (with :meth:`_fail`) once the effect is applied."""
+        self.calls.append((call, args))
+        fault = self.faults.take_fault(call)
+        if fault is None:
+            return None
+        if fault["after_effect"]:
+            return fault
+        self._fail(call, fault)
+        return None
+
+    def _fail(self, call: str, fault: dict | None) -> None:
+        if fault is None:
+            return
+        error = fault["error"]
         kind, text = PROVIDER_ERRORS[error]
         if error == "timeout":
             clock.sleep(self.timeout_s)
-        raise ProviderError(f"scenario provider: {call}: {text}", kind=kind, code=error)
+        after = " (after it took effect)" if fault["after_effect"] else ""
+        raise ProviderError(f"scenario provider: {call}: {text}{after}", kind=kind, code=error)
 
     def _get(self, external_id: str) -> dict:
         inst = self.instances.get(str(external_id))
@@ -156,7 +240,7 @@ class ScenarioProvider(Provider):
             status_msg=inst["status_msg"],
             gpu_name=inst["gpu_name"],
             dph=inst["dph"],
-            label=external_id,
+            label=inst.get("label") or external_id,
             ssh_host=external_id,
             ssh_port=22,
             worker_name=external_id,
@@ -186,7 +270,7 @@ class ScenarioProvider(Provider):
 
     def search_offers(self, *, gpu_name: str = "", max_dph: float | None = None, limit: int = 10) -> list[dict]:
         """The file's offers matching ``gpu_name`` (exact, case-insensitive) and ``max_dph``, cheapest first."""
-        self._request("search_offers", gpu_name=gpu_name, max_dph=max_dph, limit=limit)
+        self._fail("search_offers", self._request("search_offers", gpu_name=gpu_name, max_dph=max_dph, limit=limit))
         found = [
             copy.deepcopy(o)
             for o in self.offers
@@ -201,7 +285,7 @@ class ScenarioProvider(Provider):
 
         Raises ProviderError ``not_found`` when no offer fits.
         """
-        self._request("launch_instance", gpu_name=gpu_name, offer_id=offer_id, label=label)
+        fault = self._request("launch_instance", gpu_name=gpu_name, offer_id=offer_id, label=label)
         offer = None
         if offer_id:
             offer = next((o for o in self.offers if str(o.get("id")) == str(offer_id)), None)
@@ -225,32 +309,39 @@ class ScenarioProvider(Provider):
             "gpu_name": offer.get("gpu_name", gpu_name),
             "dph": float(offer.get("dph", 0.0)),
             "started_at": clock.now(),
+            "provider": self.name,
+            "label": label or external_id,
         }
+        self._fail("launch_instance", fault)
         return self._view(external_id, self.instances[external_id])
 
     def stop(self, external_id: str) -> None:
         """Stop an instance: status and intended status become ``stopped``."""
-        self._request("stop_instance", external_id=external_id)
+        fault = self._request("stop_instance", external_id=external_id)
         inst = self._get(external_id)
         inst["status"] = inst["intended_status"] = "stopped"
+        self._fail("stop_instance", fault)
 
     def resume(self, external_id: str) -> None:
         """Resume a stopped instance: ``running`` again."""
-        self._request("resume_instance", external_id=external_id)
+        fault = self._request("resume_instance", external_id=external_id)
         inst = self._get(external_id)
         inst["status"] = inst["intended_status"] = "running"
+        self._fail("resume_instance", fault)
 
     def reboot(self, external_id: str) -> None:
         """Reboot an instance (in the scenario it comes back ``running`` at once)."""
-        self._request("reboot_instance", external_id=external_id)
+        fault = self._request("reboot_instance", external_id=external_id)
         inst = self._get(external_id)
         inst["status"] = "running"
+        self._fail("reboot_instance", fault)
 
     def destroy(self, external_id: str) -> None:
         """Destroy an instance: it disappears from later lists."""
-        self._request("destroy_instance", external_id=external_id)
+        fault = self._request("destroy_instance", external_id=external_id)
         self._get(external_id)
         del self.instances[str(external_id)]
+        self._fail("destroy_instance", fault)
 
 
 class ScenarioCommandRunner:

@@ -1,0 +1,706 @@
+"""The scenario file: its shape, its limits, and how a file is read and checked.
+
+A replay file (``docs/replay.md``) is read by :func:`load_scenario`, which refuses anything it
+cannot accept with :class:`ScenarioFileError` — one line naming the file, the field (as a key
+path such as ``fleet[3].dph``) and the problem; never a traceback, never a guess:
+
+- only a regular file of at most :data:`MAX_FILE_BYTES` is opened (``/dev/zero``, a FIFO or a
+  directory is refused from ``stat`` alone, before anything is read), as UTF-8 text;
+- JSON only: ``Infinity``/``NaN``, numbers that overflow a float, integers longer than 20
+  digits, a key given twice in one object and nesting deeper than :data:`MAX_DEPTH` are refused;
+- unknown keys are errors; no string or boolean is coerced to a number (``"0.45"``, ``true``);
+- ranges: ``now`` in the years 2000–2100; minutes and ages finite and at most
+  :data:`MAX_MINUTES`; counts at most :data:`MAX_COUNT`; at most :data:`MAX_FLEET` fleet entries
+  and :data:`agent.pipeline.MAX_BATCH_CALLS` calls in a ``parallel`` step.
+
+Source: SCENARIOS.md (first paragraph, "File", "Version 2"); issue 11 §1.9.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+from collections import Counter
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from agent.pipeline import MAX_BATCH_CALLS
+
+MAX_FILE_BYTES = 32 * 1024 * 1024
+MAX_DEPTH = 64
+MAX_MINUTES = 1e6
+MAX_COUNT = 10**9
+MAX_FLEET = 10_000
+MAX_TIMELINE = 1_000
+MAX_PROBLEMS = 3
+
+Minutes = Annotated[float, Field(ge=0, le=MAX_MINUTES, allow_inf_nan=False)]
+Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
+Money = Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False)]
+
+#: SCENARIOS.md: the codes that halt a run, and the alert kinds
+HALT_CODES = {"max_steps", "same_error", "identical_args", "text_only_spiral", "forbidden_tool", "forged_observation",
+              "wall_clock", "token_budget", "three_strikes"}
+ALERT_KINDS = {"workers_dead", "demand_unknown", "provider_error", "prompt_injection", "breaker_tripped",
+               "destroy_unconfirmed", "stuck_provisioning", "budget", "escalation", "stale_claim", "instance_exited",
+               "planner_fallback"}
+PROVIDER_STATUSES = (
+    "created", "loading", "scheduling", "running", "rebooting", "stopped", "frozen", "exited", "error", "unknown",
+    "offline",
+)
+ProviderStatus = Literal[
+    "created", "loading", "scheduling", "running", "rebooting", "stopped", "frozen", "exited", "error", "unknown", "offline",
+]
+#: the operations ``expect.provider_requests`` may count (``search`` is our extension)
+OPERATIONS = ("launch", "stop", "resume", "reboot", "destroy", "list", "search")
+#: objective keys beyond the runtime limits of ``agent.policy.DEFAULT_LIMITS``
+OBJECTIVE_KEYS = {"target_proofs_hr", "max_instances", "max_dph", "dwell_min", "hold_off_min", "startup_grace_s"}
+#: lifecycle numbers a file may set (SCENARIOS.md terminal instances, claims, rejections, starvation)
+#: limits whose value is a list of numbers
+LIST_LIMITS = {"launch_rate", "repeat_reminders"}
+LIFECYCLE_KEYS = {"offline_grace_min", "provisioning_limit_min", "claim_max_age_min", "rejection_hold_min", "starve_min"}
+
+
+class ScenarioFileError(Exception):
+    """The scenario file is invalid (unreadable, not JSON, unknown key, bad value, bad decision reference).
+
+    ``str(exc)`` is one line naming the file and, when there is one, the key path.
+    """
+
+
+class _Strict(BaseModel):
+    # strict: "0.45" and true are not numbers; 1 is not true
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class WorkerSpec(_Strict):
+    """Curio's view of one instance's worker."""
+
+    live: bool = False
+    unschedulable: bool = False
+    owned_tasks: Count = 0
+
+
+class CommandAnswer(_Strict):
+    """What one command answers over SSH."""
+
+    rc: int = Field(default=0, ge=-MAX_COUNT, le=MAX_COUNT)
+    out: str = ""
+
+
+class SshSpec(_Strict):
+    """What diagnosis over SSH sees on one instance."""
+
+    reachable: bool = True
+    commands: dict[str, CommandAnswer] = Field(default_factory=dict)
+
+
+class FleetEntry(_Strict):
+    """One instance of the scenario's fleet (times in minutes before ``now``).
+
+    ``known: false``: the provider lists it but our database has no row. ``listed: false``: our
+    database has a row but the provider does not list it (SCENARIOS.md Version 2).
+    """
+
+    id: str = Field(min_length=1, max_length=64)
+    provider: Literal["vastai", "ssh", "local", "scenario"] = "vastai"
+    actual_status: ProviderStatus = "running"
+    intended_status: Literal["running", "stopped", "destroyed"] = "running"
+    status_msg: str = Field(default="", max_length=10_000)
+    age_min: Minutes = 60
+    status_age_min: Minutes | None = None
+    gpu_name: str = Field(default="", max_length=64)
+    dph: Money = 0.0
+    worker: WorkerSpec | None = None
+    diagnosed_min_ago: Minutes | None = None
+    ssh: SshSpec | None = None
+    known: bool = True
+    listed: bool = True
+
+    @model_validator(mode="after")
+    def _exists_somewhere(self):
+        if not self.known and not self.listed:
+            raise ValueError("an entry with known: false and listed: false exists nowhere; drop it")
+        if not self.known and self.diagnosed_min_ago is not None:
+            raise ValueError("diagnosed_min_ago needs our database row, which known: false says is missing")
+        return self
+
+
+class Offer(_Strict):
+    """One offer ``search_offers`` / ``launch_instance`` can find (an integer ``id`` is read as its digits)."""
+
+    id: str
+    gpu_name: str = Field(default="", max_length=64)
+    dph: Money = 0.0
+    machine_id: Count | None = None
+
+    @field_validator("id", mode="before")
+    @classmethod
+    def _id_str(cls, v):
+        return str(v) if isinstance(v, int) and not isinstance(v, bool) else v
+
+
+class DemandSpec(_Strict):
+    """The demand signal (``idle_min``: how long the queue has been empty; null = not idle).
+
+    ``backlog``: proving work in Curio's pipeline tables with no queue row yet; ``proof_s``:
+    measured median seconds per proof per worker (null: not measured). Both Version 2.
+    """
+
+    state: Literal["ok", "unknown", "stale"] = "ok"
+    active: bool | None = None
+    queued: Count | None = None
+    running: Count | None = None
+    workers_expected: Count | None = None
+    workers_live: Count | None = None
+    idle_min: Minutes | None = None
+    backlog: Count | None = None
+    proof_s: Annotated[float, Field(gt=0, le=MAX_MINUTES, allow_inf_nan=False)] | None = None
+
+
+class HistoryEntry(_Strict):
+    """A past action (for hold-off, launch-pending and claim checks).
+
+    ``state``: ``done`` (default) or ``claimed`` — started ``min_ago`` minutes ago, never finished.
+    """
+
+    min_ago: Minutes
+    tool: str
+    instance: str | None = Field(default=None, max_length=64)
+    state: Literal["done", "claimed"] = "done"
+
+    @field_validator("tool")
+    @classmethod
+    def _side_effect_tool(cls, v):
+        from agent.tools import PUBLIC_TOOLS
+
+        if v not in PUBLIC_TOOLS:
+            raise ValueError(f"unknown tool {v!r}")
+        return v
+
+
+class CallSpec(_Strict):
+    """One call inside a parallel batch."""
+
+    tool: str
+    args: dict[str, Any] | None = None
+    raw_arguments: str | None = None
+
+    @model_validator(mode="after")
+    def _one_args(self):
+        if self.args is not None and self.raw_arguments is not None:
+            raise ValueError("give either args or raw_arguments, not both")
+        return self
+
+
+class Usage(_Strict):
+    """Tokens the model reported for one turn (the script planner counts them toward ``token_budget``)."""
+
+    prompt_tokens: Count = 0
+    completion_tokens: Count = 0
+
+
+class StepSpec(_Strict):
+    """One model turn: a ``tool`` call, a ``parallel`` batch, ``text`` only, or a ``tool_result``.
+
+    A ``tool_result`` step may name the ``tool`` whose result the model forged. ``usage`` (the
+    model's reported tokens for the turn) is optional. A batch holds at most 16 calls.
+    """
+
+    tool: str | None = None
+    args: dict[str, Any] | None = None
+    raw_arguments: str | None = None
+    parallel: list[CallSpec] | None = Field(default=None, max_length=MAX_BATCH_CALLS)
+    text: str | None = None
+    tool_result: Any = None
+    usage: Usage | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self):
+        kinds = [k for k in ("tool", "parallel", "tool_result") if k in self.model_fields_set]
+        if kinds == ["tool", "tool_result"]:
+            kinds = ["tool_result"]
+        if len(kinds) > 1:
+            raise ValueError(f"a step is one of tool, parallel, text or tool_result; this one has {', '.join(kinds)}")
+        if not kinds and self.text is None:
+            raise ValueError("a step needs tool, parallel, text or tool_result")
+        if (self.args is not None or self.raw_arguments is not None) and (self.tool is None or "tool_result" in kinds):
+            raise ValueError("args/raw_arguments belong to a tool step")
+        if self.args is not None and self.raw_arguments is not None:
+            raise ValueError("give either args or raw_arguments, not both")
+        if self.parallel is not None and not self.parallel:
+            raise ValueError("parallel needs at least one call")
+        return self
+
+
+class Decision(_Strict):
+    """An operator answer for one parked call, named by ``step``(+``call``) or by ``tool``(+``args``)."""
+
+    step: Count | None = None
+    call: Count | None = None
+    tool: str | None = None
+    args: dict[str, Any] | None = None
+    decision: Literal["approve", "reject", "none"]
+    comment: str = ""
+
+    @model_validator(mode="after")
+    def _named(self):
+        if self.step is None and self.tool is None:
+            raise ValueError("name the call by step (and call, in a batch) or by tool (and args)")
+        if self.step is not None and self.tool is not None:
+            raise ValueError("name the call by step or by tool, not both")
+        if self.call is not None and self.step is None:
+            raise ValueError("call is an index into a step's parallel batch; give step too")
+        if self.args is not None and self.tool is None:
+            raise ValueError("args narrow a decision named by tool; give tool too")
+        return self
+
+
+class OperatorSpec(_Strict):
+    """How parked calls are answered."""
+
+    default: Literal["approve", "reject", "none"] = "none"
+    decisions: list[Decision] = Field(default_factory=list)
+
+
+class FaultSpec(_Strict):
+    """The next ``times`` requests to ``call`` (after the first ``skip``) fail with ``error``;
+    with ``after_effect`` each takes effect at the provider first."""
+
+    call: str
+    times: Annotated[int, Field(ge=1, le=MAX_COUNT)] = 1
+    error: Literal[
+        "http_429", "http_410", "http_500", "timeout", "empty_body", "html_body", "ssh_refused", "ssh_timeout"
+    ]
+    skip: Count = 0
+    after_effect: bool = False
+
+    @model_validator(mode="after")
+    def _call_ok(self):
+        from fleet.providers.scenario import EFFECT_CALLS, normalize_call
+
+        call = normalize_call(self.call, self.error)
+        if self.after_effect and call not in EFFECT_CALLS:
+            raise ValueError(f"after_effect applies to launch, stop, resume, reboot or destroy, not {self.call!r}")
+        return self
+
+
+class SessionSpec(_Strict):
+    """The console's switches as set before the first cycle."""
+
+    observe_only: bool = False
+
+
+class TimelineFleetEntry(_Strict):
+    """A change to one instance at the provider: the fields given change; a new id appears;
+    ``gone: true`` removes it from the provider's list. ``worker`` changes Curio's view of it."""
+
+    id: str = Field(min_length=1, max_length=64)
+    provider: Literal["vastai", "ssh", "local", "scenario"] | None = None
+    actual_status: ProviderStatus | None = None
+    intended_status: Literal["running", "stopped", "destroyed"] | None = None
+    status_msg: str | None = Field(default=None, max_length=10_000)
+    age_min: Minutes | None = None
+    gpu_name: str | None = Field(default=None, max_length=64)
+    dph: Money | None = None
+    worker: WorkerSpec | None = None
+    ssh: SshSpec | None = None
+    gone: bool = False
+
+
+class TimelineDecision(_Strict):
+    """An operator's answer at a timeline moment to an approval waiting then (named by tool and args)."""
+
+    tool: str
+    args: dict[str, Any] | None = None
+    decision: Literal["approve", "reject"]
+    comment: str = ""
+
+
+class TimelineOperator(_Strict):
+    decisions: list[TimelineDecision] = Field(default_factory=list)
+
+
+class Moment(_Strict):
+    """One later moment of the timeline (``at_min`` minutes after ``now``)."""
+
+    at_min: Minutes
+    demand: DemandSpec | None = None
+    fleet: list[TimelineFleetEntry] | None = Field(default=None, max_length=MAX_FLEET)
+    objectives: dict[str, Any] | None = None
+    operator: TimelineOperator | None = None
+    run: Literal["heartbeat", "none"] = "heartbeat"
+
+    @field_validator("objectives")
+    @classmethod
+    def _objectives(cls, v):
+        return None if v is None else check_objectives(v)
+
+
+class CallExpect(_Strict):
+    """An expected call: matches when every field given agrees (``args``: the keys given agree;
+    ``reason``: one code or a list of accepted codes)."""
+
+    tool: str | None = None
+    args: dict[str, Any] | None = None
+    reason: str | list[str] | None = None
+    actor: Literal["agent", "monitor"] | None = None
+    outcome: Literal["executed", "approved_executed", "refused", "parked", "rejected", "expired", "error", "halted"] | None = None
+
+
+def _alert_kinds(v):
+    for kind in v or []:
+        if kind not in ALERT_KINDS:
+            raise ValueError(f"unknown alert kind {kind!r}; use one of {', '.join(sorted(ALERT_KINDS))}")
+    return v
+
+
+class ExpectSpec(_Strict):
+    """What must hold after the replay (SCENARIOS.md "Matching expect" and Version 2)."""
+
+    executed: list[CallExpect] | None = None
+    refused: list[CallExpect] | None = None
+    parked: list[CallExpect] | None = None
+    errored: list[CallExpect] | None = None
+    never_executed: list[str] | None = None
+    halt: str | None = None
+    alerts: list[str] | None = None
+    alerts_any: list[str] | None = None
+    no_alerts: list[str] | None = None
+    report_contains: list[str] | None = None
+    report_lacks: list[str] | None = None
+    final_fleet: dict[str, Literal[(*PROVIDER_STATUSES, "absent")]] | None = None  # type: ignore[valid-type]
+    provider_requests: dict[Literal[OPERATIONS], Count] | None = None  # type: ignore[valid-type]
+
+    @field_validator("never_executed")
+    @classmethod
+    def _known_tools(cls, v):
+        from agent.tools import PUBLIC_TOOLS
+
+        for tool in v or []:
+            if tool not in PUBLIC_TOOLS:
+                raise ValueError(f"unknown tool {tool!r}; a typo here would make the expectation always hold")
+        return v
+
+    @field_validator("halt")
+    @classmethod
+    def _known_halt(cls, v):
+        if v is not None and v not in HALT_CODES:
+            raise ValueError(f"unknown halt code {v!r}; use one of {', '.join(sorted(HALT_CODES))}")
+        return v
+
+    @field_validator("alerts", "alerts_any", "no_alerts")
+    @classmethod
+    def _known_alerts(cls, v):
+        return _alert_kinds(v)
+
+
+def check_objectives(v: dict) -> dict:
+    """Objectives as a file (or a timeline moment) sets them; raises ``ValueError`` naming the key.
+
+    Numbers only (no strings, no booleans), finite, in the settings page's ranges
+    (``agent.actions.LIMIT_RANGES``); the lifecycle numbers (``offline_grace_min`` …) at most
+    10^6 minutes.
+    """
+    from agent.actions import LIMIT_RANGES, OverrideError, validate_overrides
+    from agent.policy import DEFAULT_LIMITS
+
+    allowed = OBJECTIVE_KEYS | LIFECYCLE_KEYS | set(DEFAULT_LIMITS)
+    for key, value in v.items():
+        if key not in allowed:
+            raise ValueError(f"unknown objective {key!r}; known: {', '.join(sorted(allowed))}")
+        if isinstance(value, list) and key not in LIST_LIMITS:
+            raise ValueError(f"objective {key!r} must be a number, not a list")
+        numbers = value if isinstance(value, list) else [value]
+        for x in numbers:
+            if isinstance(x, bool) or not isinstance(x, int | float):
+                raise ValueError(f"objective {key!r} must be a number (got {x!r}; strings and booleans are not read as numbers)")
+            if x != x or x in (float("inf"), float("-inf")):
+                raise ValueError(f"objective {key!r} must be finite")
+    target = v.get("target_proofs_hr", 0)
+    if not 0 <= target <= MAX_COUNT:
+        raise ValueError(f"objective 'target_proofs_hr' must be a number between 0 and 10^9 (got {target!r})")
+    for key in LIFECYCLE_KEYS & set(v):
+        if not 0 <= v[key] <= MAX_MINUTES:
+            raise ValueError(f"objective {key!r} must be between 0 and 10^6 minutes (got {v[key]!r})")
+    # the same ranges the settings page enforces
+    try:
+        validate_overrides({}, {k: x for k, x in v.items() if k in LIMIT_RANGES})
+    except OverrideError as exc:
+        raise ValueError(f"objective {exc.field.removeprefix('limits.')!r}: {exc.message}") from None
+    return v
+
+
+class Scenario(_Strict):
+    """A scenario file (SCENARIOS.md "File" and "Version 2")."""
+
+    name: str = Field(min_length=1, max_length=200)
+    about: str = ""
+    now: datetime = Field(strict=False)
+    objectives: dict[str, Any] = Field(default_factory=dict)
+    policy: dict[str, Literal["auto", "approval", "forbidden"]] = Field(default_factory=dict)
+    fleet: list[FleetEntry] = Field(default_factory=list, max_length=MAX_FLEET)
+    offers: list[Offer] = Field(default_factory=list, max_length=MAX_FLEET)
+    demand: DemandSpec = Field(default_factory=DemandSpec)
+    history: list[HistoryEntry] = Field(default_factory=list, max_length=MAX_FLEET)
+    planner: Literal["script", "rules", "llm"] = "script"
+    steps: list[StepSpec] | None = None
+    model_responses: list[Any] | None = None
+    operator: OperatorSpec = Field(default_factory=OperatorSpec)
+    provider_faults: list[FaultSpec] = Field(default_factory=list)
+    session: SessionSpec = Field(default_factory=SessionSpec)
+    timeline: list[Moment] = Field(default_factory=list, max_length=MAX_TIMELINE)
+    expect: ExpectSpec | None = None
+
+    @field_validator("now", mode="before")
+    @classmethod
+    def _now_text(cls, v):
+        if not isinstance(v, str):
+            raise ValueError("must be an ISO 8601 date-time string such as 2026-06-09T16:50:00Z")
+        return v
+
+    @field_validator("now")
+    @classmethod
+    def _aware(cls, v: datetime) -> datetime:
+        from datetime import UTC
+
+        if not 2000 <= v.year <= 2100:
+            raise ValueError(f"must lie between the years 2000 and 2100 (got year {v.year})")
+        return v if v.tzinfo else v.replace(tzinfo=UTC)
+
+    @field_validator("objectives")
+    @classmethod
+    def _objective_keys(cls, v: dict) -> dict:
+        return check_objectives(v)
+
+    @field_validator("policy")
+    @classmethod
+    def _policy_keys(cls, v: dict) -> dict:
+        from agent.policy import PRIORITIES
+        from agent.tools import PUBLIC_TOOLS
+
+        for key in v:
+            tool, _, qual = key.partition(":")
+            ok = tool in PUBLIC_TOOLS and (not qual or qual == "monitor" or (tool == "launch_instance" and qual in PRIORITIES))
+            if not ok:
+                raise ValueError(f"unknown policy key {key!r}; use a tool name, TOOL:monitor or launch_instance:P0..P3")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        ids = [f.id for f in self.fleet]
+        dup = [i for i, n in Counter(ids).items() if n > 1]
+        if dup:
+            raise ValueError(f"fleet ids repeat: {', '.join(dup[:5])}")
+        if self.planner == "script" and self.steps is None:
+            raise ValueError("planner 'script' needs steps")
+        if self.planner == "rules" and self.steps is not None:
+            raise ValueError("planner 'rules' takes no steps")
+        if self.planner == "llm" and self.model_responses is None:
+            raise ValueError("planner 'llm' needs model_responses")
+        if self.planner != "llm" and self.model_responses is not None:
+            raise ValueError("model_responses belong to planner 'llm'")
+        last = 0.0
+        for n, m in enumerate(self.timeline):
+            if m.at_min < last:
+                raise ValueError(f"timeline[{n}].at_min: {m.at_min:g} comes before the moment above it ({last:g}); list moments in order")
+            last = m.at_min
+        for n, d in enumerate(self.operator.decisions):
+            where = f"operator.decisions[{n}]"
+            if d.step is None:
+                continue
+            if self.steps is None:
+                raise ValueError(f"{where}: names step {d.step}, but planner {self.planner!r} has no steps; name it by tool and args")
+            if d.step >= len(self.steps):
+                raise ValueError(f"{where}: step {d.step} does not exist (the file has {len(self.steps)} steps)")
+            s = self.steps[d.step]
+            if s.parallel is not None:
+                if d.call is None:
+                    raise ValueError(f"{where}: step {d.step} is a parallel batch; say which call (0..{len(s.parallel) - 1})")
+                if d.call >= len(s.parallel):
+                    raise ValueError(f"{where}: step {d.step} has {len(s.parallel)} calls; call {d.call} does not exist")
+            elif s.tool is None or "tool_result" in s.model_fields_set:
+                raise ValueError(f"{where}: step {d.step} makes no call")
+            elif d.call not in (None, 0):
+                raise ValueError(f"{where}: step {d.step} is a single call; call {d.call} does not exist")
+        return self
+
+
+# ------------------------------------------------------------------------------------------------
+# reading a file
+
+
+class _Bad:
+    """A JSON value replay refuses, kept in place so the error can name where it was."""
+
+    def __init__(self, why: str):
+        self.why = why
+
+
+class _Pairs(dict):
+    """A JSON object whose keys repeat (the repeated keys are in ``repeated``)."""
+
+    repeated: list[str]
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> dict:
+    counts = Counter(k for k, _ in pairs)
+    if all(n == 1 for n in counts.values()):
+        return dict(pairs)
+    out = _Pairs(pairs)
+    out.repeated = [k for k, n in counts.items() if n > 1]
+    return out
+
+
+def _float(text: str):
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        return _Bad(f"{text} is out of range for a number")
+    return value
+
+
+def _int(text: str):
+    if len(text.lstrip("-")) > 20:
+        return _Bad(f"an integer of {len(text.lstrip('-'))} digits is out of range")
+    return int(text)
+
+
+def _constant(name: str):
+    return _Bad(f"{name} is not a JSON number; give a finite number")
+
+
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_BRACKET = re.compile(r"[\[\]{}]")
+
+
+def _too_deep(text: str, limit: int = MAX_DEPTH) -> bool:
+    """Whether brackets nest deeper than ``limit`` (brackets inside strings do not count).
+
+    Linear: strings are cut out by an unrolled pattern (no backtracking), then only the bracket
+    characters are walked; no recursion, whatever the input.
+    """
+    if text.count("[") + text.count("{") <= limit:
+        return False
+    depth = 0
+    for m in _BRACKET.finditer(_STRING.sub("", text)):
+        if m.group() in "[{":
+            depth += 1
+            if depth > limit:
+                return True
+        else:
+            depth -= 1
+    return False
+
+
+def _first_bad(obj, where: str = "") -> tuple[str, str] | None:
+    """The key path and problem of the first refused value inside ``obj`` (depth is bounded)."""
+    if isinstance(obj, _Bad):
+        return where or "(top level)", obj.why
+    if isinstance(obj, dict):
+        if isinstance(obj, _Pairs):
+            key = obj.repeated[0]
+            return where or "(top level)", f"key {_clip(key)!r} appears twice; a key may be given once"
+        for k, v in obj.items():
+            found = _first_bad(v, f"{where}.{_clip(k)}" if where else _clip(k))
+            if found:
+                return found
+    elif isinstance(obj, list):
+        for n, v in enumerate(obj):
+            found = _first_bad(v, f"{where}[{n}]")
+            if found:
+                return found
+    return None
+
+
+def _clip(text, limit: int = 60) -> str:
+    """One short line: control characters escaped, long text cut."""
+    text = str(text).encode("unicode_escape").decode("ascii")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def read_json(path: str | Path) -> Any:
+    """The JSON value in ``path``, read under the limits above; raises :class:`ScenarioFileError`."""
+    path = Path(path)
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise ScenarioFileError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a directory" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else "not a regular file"
+        raise ScenarioFileError(f"{path}: {kind}; give a scenario file (JSON)")
+    if st.st_size > MAX_FILE_BYTES:
+        raise ScenarioFileError(f"{path}: {st.st_size} bytes; a scenario file may hold at most {MAX_FILE_BYTES} bytes")
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(fd, "rb") as fh:
+            data = fh.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise ScenarioFileError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise ScenarioFileError(f"{path}: more than {MAX_FILE_BYTES} bytes; a scenario file may hold at most that")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ScenarioFileError(f"{path}: not UTF-8 text (byte {exc.start}); save the file as UTF-8") from None
+    if _too_deep(text):
+        raise ScenarioFileError(f"{path}: brackets nest deeper than {MAX_DEPTH} levels; a scenario file is shallow")
+    try:
+        raw = json.loads(text, object_pairs_hook=_pairs, parse_float=_float, parse_int=_int, parse_constant=_constant)
+    except json.JSONDecodeError as exc:
+        raise ScenarioFileError(f"{path}: not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except (ValueError, RecursionError) as exc:
+        raise ScenarioFileError(f"{path}: not JSON: {_clip(exc, 120)}") from None
+    bad = _first_bad(raw)
+    if bad:
+        raise ScenarioFileError(f"{path}: {bad[0]}: {bad[1]}")
+    return raw
+
+
+def _loc(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + _clip(part)
+    return out or "(top level)"
+
+
+def _strip_validator_loc(loc: tuple) -> tuple:
+    # pydantic puts union/function markers in loc (e.g. 'function-after[...]'); keep real keys
+    return tuple(p for p in loc if not (isinstance(p, str) and ("[" in p and "]" in p)))
+
+
+def _message(err: dict) -> str:
+    if err["type"] == "extra_forbidden":
+        return "unknown key"
+    if err["type"] == "too_long" and err.get("ctx", {}).get("max_length") is not None:
+        return f"more than {err['ctx']['max_length']} entries"
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] in ("float_type", "int_type", "bool_type", "string_type") and isinstance(err.get("input"), str | bool):
+        msg += f" (got {_clip(repr(err['input']), 40)}; strings and booleans are not converted)"
+    return _clip(msg, 300)
+
+
+def load_scenario(path: str | Path) -> tuple[Scenario, dict]:
+    """Read and validate ``path``; returns (the model, the raw JSON dict).
+
+    Raises :class:`ScenarioFileError` with one line: ``FILE: KEY.PATH: problem`` (the first
+    few problems found, separated by ``;``).
+    """
+    raw = read_json(path)
+    if not isinstance(raw, dict):
+        raise ScenarioFileError(f"{path}: the file must hold one JSON object")
+    try:
+        sc = Scenario.model_validate(raw)
+    except ValidationError as exc:
+        errors = exc.errors()
+        problems = [f"{_loc(_strip_validator_loc(e['loc']))}: {_message(e)}" for e in errors[:MAX_PROBLEMS]]
+        more = f"; and {len(errors) - MAX_PROBLEMS} more" if len(errors) > MAX_PROBLEMS else ""
+        raise ScenarioFileError(f"{path}: " + "; ".join(problems) + more) from None
+    return sc, raw
