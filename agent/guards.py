@@ -140,8 +140,8 @@ def check(tool: str, args: dict, key: str, world, *, batch_prior: list[tuple[str
         if not (tool == "destroy_instance" and inst.destroy_requested_at is not None and inst.killed_by != "provider"):
             return Refusal("target_gone", f"{inst.external_id} is gone ({inst.kill_reason or 'killed'}, {inst.killed_by or 'unknown'})")
 
-    # rejected_recently
-    if spec.side_effect and inst is not None:
+    # rejected_recently (binds every planner and the monitor; an operator's own action is a decision)
+    if spec.side_effect and inst is not None and not actor.startswith("user:"):
         rejected = recent_rejection(tool, inst.external_id, world)
         if rejected is not None:
             return Refusal("rejected_recently", f"an operator rejected {tool} on {inst.external_id} "

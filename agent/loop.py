@@ -159,6 +159,9 @@ def resume_run(run: Run, *, planner=None) -> Run:
         state = SessionState.get()
         limits, policy = effective_limits(state), effective_policy(state)
         world = observe(limits, policy)
+        run.refresh_from_db()  # the observe phase may have voided its last waiting approval (target_gone)
+        if run.status != "parked":
+            return run
         tc = _context(run, world, limits, state)
         from agent.pipeline import dispatch_approved
 

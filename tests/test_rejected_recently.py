@@ -93,3 +93,16 @@ def test_it_binds_that_tool_on_that_instance_only():
         w.clock.advance(120)
         run = w.cycle([{"tool": "diagnose_instance", "args": {"instance_id": "local-4"}}, other])
     assert calls(run)[1].outcome == "parked"
+
+
+def test_an_operator_acting_by_hand_is_not_bound_by_it():
+    from agent.actions import do_operator_instance_action
+    from fleet.models import Instance
+
+    with rails_world(fleet(), CALM) as w:
+        reject_first_stop(w)
+        w.clock.advance(120)
+        w.cycle([DIAG, verdict()])  # a fresh diagnosis for the operator's stop
+        do_operator_instance_action(Instance.objects.get(external_id="local-5"), "stop", actor="user:alice",
+                                    reason="changed my mind")
+    assert w.provider_calls("stop_instance") == 1
