@@ -135,10 +135,11 @@ def check(tool: str, args: dict, key: str, world, *, batch_prior: list[tuple[str
     if spec.instance_arg:
         inst = world.instance(args.get(spec.instance_arg, ""))
 
-    # target_gone (a destroy re-sent after destroy_unconfirmed is not refused for it)
+    # target_gone: killed (destroyed and confirmed by a re-list, or vanished from a successful list).
+    # A destroy re-sent after destroy_unconfirmed targets a row that is not killed (still listed; a
+    # confirmed destroy listed again is reopened by fleet.sync), so it is never refused for it.
     if spec.side_effect and inst is not None and inst.killed_at is not None:
-        if not (tool == "destroy_instance" and inst.destroy_requested_at is not None and inst.killed_by != "provider"):
-            return Refusal("target_gone", f"{inst.external_id} is gone ({inst.kill_reason or 'killed'}, {inst.killed_by or 'unknown'})")
+        return Refusal("target_gone", f"{inst.external_id} is gone ({inst.kill_reason or 'killed'}, {inst.killed_by or 'unknown'})")
 
     # rejected_recently (binds every planner and the monitor; an operator's own action is a decision)
     if spec.side_effect and inst is not None and not actor.startswith("user:"):

@@ -39,16 +39,19 @@ def test_a_destroy_still_running_after_15_min_alerts_is_sent_again_and_replaced(
     assert [s.outcome for s in launches] == ["executed"]  # not counted as capacity
 
 
-def test_a_resent_destroy_of_a_row_marked_gone_is_not_target_gone():
-    """The row was marked killed by a re-list that raced the provider; it is listed again."""
-    with rails_world([fleet_entry("v-1", live=False)], QUEUED, policy={"destroy_instance": "auto"}) as w:
+def test_a_confirmed_destroy_listed_again_is_reopened_and_sent_again():
+    """The row was marked killed by a re-list that raced the provider; the provider lists it again:
+    the destroy is unconfirmed after all, and the re-sent destroy is not refused target_gone."""
+    with rails_world([fleet_entry("v-1", live=False)], QUEUED) as w:
         Instance.objects.filter(external_id="v-1").update(destroy_requested_at=clock.now() - timedelta(minutes=20),
                                                           killed_at=clock.now() - timedelta(minutes=19),
-                                                          killed_by="agent", intended_status="destroyed")
-        run = w.cycle([{"tool": "destroy_instance", "args": {"instance_id": "v-1", "reason": "still listed"}}])
-    step = calls(run)[0]
-    assert step.reason_code != "target_gone" and step.outcome == "executed"
+                                                          killed_by="monitor", intended_status="destroyed")
+        run = run_cycle("heartbeat", planner=RulesPlanner())
+    [monitor] = run.steps.filter(kind="call", actor="monitor")
+    assert (monitor.tool, monitor.outcome) == ("destroy_instance", "executed"), monitor.detail
+    assert Alert.objects.filter(kind="destroy_unconfirmed").count() == 1
     assert w.provider_calls("destroy_instance") == 1
+    assert Instance.objects.get(external_id="v-1").killed_at is not None  # confirmed this time
 
 
 def test_near_miss_a_stop_of_a_row_marked_gone_is_target_gone():
