@@ -2,8 +2,11 @@
 
 Reads are not agent steps. A failed provider read raises a ``provider_error`` alert and the
 cycle goes on with the last known fleet; a failed demand read is ``unknown`` (never zero) and
-raises ``demand_unknown``; expected workers that are dead raise ``workers_dead``. Each alert is
-raised once per episode and resolved when its condition clears.
+raises ``demand_unknown``; expected workers that are dead raise ``workers_dead``; the lifecycle
+alerts (``instance_exited``, ``stuck_provisioning`` for a starving launch, ``prompt_injection`` in
+provider fields) and the voiding of approvals whose instance is gone (``target_gone``) are
+:func:`lifecycle_alerts`. Each alert is raised once per episode and resolved when its condition
+clears.
 """
 
 from datetime import timedelta

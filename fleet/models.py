@@ -119,7 +119,8 @@ class Alert(models.Model):
     """Something an operator should look at. Deduplicated per episode by ``key``.
 
     ``kind`` is one of SCENARIOS.md's alert kinds (workers_dead, demand_unknown, provider_error,
-    prompt_injection, breaker_tripped, destroy_unconfirmed, stuck_provisioning, budget, escalation).
+    prompt_injection, breaker_tripped, destroy_unconfirmed, stuck_provisioning, budget, escalation,
+    stale_claim, instance_exited, planner_fallback).
     """
 
     STATES = [("firing", "firing"), ("acknowledged", "acknowledged"), ("resolved", "resolved")]
