@@ -30,34 +30,40 @@ def run_monitor(tc) -> int:
     """Apply the monitor's rules inside the cycle ``tc``; returns how many actions it proposed."""
     actions = monitor_actions(tc.world)
     for pos, act in enumerate(actions):
-        if act.alert:
-            raise_alert(act.alert[0], act.alert[1], severity="P1", key=f"{act.alert[0]}:{act.args['instance_id']}")
-        step = tc.new_step(kind="call", actor="monitor", tool=act.tool, args=act.args, position=pos,
-                           raw_arguments="", call_reason=act.args.get("reason", ""))
-        key = idempotency_key(tc.run.number, 10_000, pos, act.tool, act.args)
-        step.idempotency_key = key
-        policy = policy_for(act.tool, act.args, tc.world.policy, "monitor")
-        if policy == "forbidden":  # skipped; a monitor action halts nothing
-            _finish(step, "refused", "forbidden_tool", f"{act.tool} is forbidden by policy; the monitor skips it", ok=False)
-            continue
-        refusal = guard_check(act.tool, act.args, key, tc.world, actor="monitor", observe_only=tc.observe_only)
-        if refusal is not None:
-            _finish(step, "refused", refusal.code, refusal.detail, ok=False)
-            continue
-        forced = forced_approval(act.tool, act.args, tc.world, injected=run_injected(tc))
-        if forced or policy == "approval":
-            park(tc, Decision(step=step, proposal=None, args=act.args, key=key, action="park", forced=forced))
-            continue
-        prev_actor, tc.actor = tc.actor, "monitor"
-        try:
-            execute(tc, step, TOOLS[act.tool], act.args, key)
-        finally:
-            tc.actor = prev_actor
+        step = _act(tc, pos, act)
+        if act.alert:  # says what became of the action: never "destroying" when it was refused
+            what = {"executed": "done", "parked": "waits for an operator's approval"}.get(
+                step.outcome, f"{step.outcome} ({step.reason_code or step.detail[:80]})")
+            raise_alert(act.alert[0], f"{act.alert[1]}; the monitor's {act.tool}: {what}", severity="P1",
+                        key=f"{act.alert[0]}:{act.args['instance_id']}")
     if actions:  # one query: what the monitor destroyed is gone from the cycle's view
         from fleet.models import Instance
 
         tc.world.set_instances(list(Instance.objects.filter(pk__in=[i.pk for i in tc.world.instances], killed_at__isnull=True)))
     return len(actions)
+
+
+def _act(tc, pos: int, act):
+    """One monitor action through policy, guards, forced approval and execution; returns its step."""
+    step = tc.new_step(kind="call", actor="monitor", tool=act.tool, args=act.args, position=pos,
+                       raw_arguments="", call_reason=act.args.get("reason", ""))
+    key = idempotency_key(tc.run.number, 10_000, pos, act.tool, act.args)
+    step.idempotency_key = key
+    policy = policy_for(act.tool, act.args, tc.world.policy, "monitor")
+    if policy == "forbidden":  # skipped; a monitor action halts nothing
+        return _finish(step, "refused", "forbidden_tool", f"{act.tool} is forbidden by policy; the monitor skips it", ok=False)
+    refusal = guard_check(act.tool, act.args, key, tc.world, actor="monitor", observe_only=tc.observe_only)
+    if refusal is not None:
+        return _finish(step, "refused", refusal.code, refusal.detail, ok=False)
+    forced = forced_approval(act.tool, act.args, tc.world, injected=run_injected(tc))
+    if forced or policy == "approval":
+        park(tc, Decision(step=step, proposal=None, args=act.args, key=key, action="park", forced=forced))
+        return step
+    prev_actor, tc.actor = tc.actor, "monitor"
+    try:
+        return execute(tc, step, TOOLS[act.tool], act.args, key)
+    finally:
+        tc.actor = prev_actor
 
 
 def monitor_tick() -> int | None:

@@ -57,6 +57,6 @@ def decide(world) -> list[MonitorAction]:
         alert = None
         if inst.status in PENDING_STATUSES:
             hours = (now - inst.status_since).total_seconds() / 3600
-            alert = ("stuck_provisioning", f"{inst.external_id} stuck {inst.status or 'provisioning'} for {hours:.1f} h; destroying")
+            alert = ("stuck_provisioning", f"{inst.external_id} stuck {inst.status or 'provisioning'} for {hours:.1f} h")
         actions.append(MonitorAction("destroy_instance", {"instance_id": inst.external_id, "reason": f"terminal: {why}"}, alert))
     return actions

@@ -86,3 +86,14 @@ def test_the_beat_tick_parks_too():
     approval = Approval.objects.get()
     assert approval.run.number == number and approval.run.status == "parked"
     assert w.provider_calls("destroy_instance") == 0
+
+
+def test_its_alert_says_what_became_of_the_action_never_that_it_happened():
+    from fleet.models import Alert
+
+    stuck = [fleet_entry("v-1", status="loading", live=False, age_min=200)]
+    with rails_world(stuck, DEAD, observe_only=True) as w:
+        w.cycle([verdict()])
+    [alert] = Alert.objects.filter(kind="stuck_provisioning")
+    assert "destroy_instance: refused (observe_only)" in alert.message
+    assert "destroying" not in alert.message
