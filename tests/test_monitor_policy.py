@@ -91,8 +91,9 @@ def test_the_beat_tick_parks_too():
 def test_its_alert_says_what_became_of_the_action_never_that_it_happened():
     from fleet.models import Alert
 
-    stuck = [fleet_entry("v-1", status="loading", live=False, age_min=200)]
-    with rails_world(stuck, DEAD, observe_only=True) as w:
+    stuck = [fleet_entry("v-0"), fleet_entry("v-1", status="loading", live=False, age_min=200)]
+    one_live = {**DEAD, "running": 1, "workers_live": 1}  # a live worker: not starving, just stuck
+    with rails_world(stuck, one_live, observe_only=True) as w:
         w.cycle([verdict()])
     [alert] = Alert.objects.filter(kind="stuck_provisioning")
     assert "destroy_instance: refused (observe_only)" in alert.message
