@@ -56,7 +56,7 @@ class Worker:
         self._offset = self.log.stat().st_size if self.log.exists() else 0
         with open(self.log, "ab") as fh:
             self.proc = subprocess.Popen(
-                [str(CELERY), "-A", "console", "worker", "-Q", "warden", "--pool", "solo", "-l", "info",
+                [str(CELERY), "-A", "console", "worker", "-Q", settings.CELERY_TASK_DEFAULT_QUEUE, "--pool", "solo", "-l", "info",
                  "-n", f"{self.name}@%h", "--without-gossip", "--without-mingle", "--without-heartbeat"],
                 cwd=ROOT, env=self.env, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -93,6 +93,7 @@ def worker_env(local_fleet):
         "WARDEN_RUN_LOCK_TTL_S": str(LOCK_TTL_S),
         "WARDEN_CELERY_VISIBILITY_TIMEOUT_S": str(VISIBILITY_S),
         "WARDEN_STARTUP_GRACE_S": "0",
+        "WARDEN_CELERY_QUEUE": settings.CELERY_TASK_DEFAULT_QUEUE,  # the queue this session sends to
     }
     return env
 
@@ -112,7 +113,11 @@ def workers(worker_env, tmp_path):
 
 
 def park_a_launch() -> Approval:
-    """A P1 launch parks for an operator (policy: approval)."""
+    """A P1 launch parks for an operator (policy: approval). A task waits in the demo queue, so the
+    launch is still needed when it is dispatched (no ``no_longer_needed``)."""
+    from fleet import demo
+
+    demo.enqueue(1)
     run = run_cycle("test", planner=ScriptPlanner([
         {"tool": "launch_instance", "args": {"gpu_name": "local-cpu", "launch_priority": "P1", "reason": "queue"}},
     ]))
