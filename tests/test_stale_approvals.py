@@ -103,3 +103,16 @@ def test_the_card_shows_the_situation_then_and_now(client, alice):
         page = client.get("/approvals/").content.decode()
     assert "when parked" in page and "11 queued" in page
     assert "now" in page and "0 queued" in page
+
+
+def test_a_resume_approved_after_the_queue_emptied_is_no_longer_needed():
+    stopped = fleet_entry("v-2", status="stopped", live=False)
+    resume = {"tool": "resume_instance", "args": {"instance_id": "v-2", "reason": "11 queued"}}
+    with rails_world([fleet_entry("v-1"), stopped], QUEUED, policy={"resume_instance": "approval"}) as w:
+        target(360)
+        run = w.cycle([resume])
+        w.demand.demand = EMPTY
+        do_decide(Approval.objects.get(), "approve", "user:alice")
+        resume_run(run)
+    assert (calls(run)[0].outcome, calls(run)[0].reason_code) == ("refused", "no_longer_needed")
+    assert w.provider_calls("resume_instance") == 0
