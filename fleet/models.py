@@ -14,7 +14,7 @@ from fleet.harmony import (  # noqa: F401  (registered with the app)
 
 # Provider statuses (vast.ai's ``actual_status`` vocabulary, vastai.md §2.4) plus our own.
 PENDING_STATUSES = {"created", "loading", "scheduling", "rebooting", ""}
-TERMINAL_STATUSES = {"exited", "error", "unknown", "offline"}
+# what makes an instance terminal is agent.lifecycle.is_terminal (statuses alone do not)
 BILLABLE_STATUSES = {"running", "frozen", "loading", "created", "scheduling", "rebooting", "stopped"}
 
 
