@@ -209,8 +209,12 @@ def lifecycle_alerts(world: World) -> None:
     - ``stuck_provisioning``: a launch starving the queue (``agent.lifecycle.starving``);
     - waiting approvals whose instance is gone are void at once (``target_gone``).
     """
+    from django.conf import settings
+
     from agent.lifecycle import blind, starving, worker_live
     from agent.untrusted import scan_instance
+
+    startup_grace = timedelta(seconds=settings.WARDEN["STARTUP_GRACE_S"])
 
     for inst in world.instances:
         hits = scan_instance(inst)
@@ -230,7 +234,8 @@ def lifecycle_alerts(world: World) -> None:
             raise_alert("instance_exited", f"{inst.external_id} died without being asked to: " + "; ".join(evidence),
                         severity="P1", key=key, instance=inst)
         elif (not blind(world) and inst.status == "running" and w is not None and not w.live and not w.unschedulable
-              and w.last_contact is not None and inst.intended_status == "running"):
+              and w.last_contact is not None and inst.intended_status == "running"
+              and clock.now() - inst.status_since > startup_grace):  # a reboot or resume we asked for is excused
             raise_alert("instance_exited", f"{inst.external_id}'s worker {w.name} stopped heartbeating "
                         f"(last contact {w.last_contact:%Y-%m-%d %H:%M:%S} UTC) while the instance runs",
                         severity="P1", key=key, instance=inst)
