@@ -290,6 +290,7 @@ LIMIT_RANGES = {
     "claim_max_age_min": ("float", 0, 1_000_000),
     "rejection_hold_min": ("float", 0, 1_000_000),
     "starve_min": ("float", 0, 1_000_000),
+    "destroy_confirm_min": ("float", 1, 10_080),
     "startup_grace_s": ("int", 0, 3600),
     "max_steps": ("int", 1, 100),
     "same_error": ("int", 1, 20),

@@ -63,6 +63,7 @@ DEFAULT_LIMITS = {
     "claim_max_age_min": 30,  # a side effect claimed and unfinished this long is a stale claim
     "rejection_hold_min": 60,  # an operator's rejection stands this long unless demand changes state
     "starve_min": 30,  # with work queued and no live worker, a launch pending this long stops blocking
+    "destroy_confirm_min": 15,  # a destroy still listed this long is destroy_unconfirmed (sent again)
     "launch_rate": [6, 600],  # at most N launches per S seconds (rate_limited)
 }
 

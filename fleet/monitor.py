@@ -9,8 +9,8 @@ forced approvals and idempotency as any call:
   wanted it running; ``unknown``/``offline`` only after ``offline_grace_min``; stuck
   provisioning past ``provisioning_limit_min`` with a ``stuck_provisioning`` alert; a failed/host
   diagnosis on evidence from the machine);
-- a destroy counts only once a re-list confirms it; unconfirmed after 15 minutes it raises
-  ``destroy_unconfirmed`` and the destroy is sent again;
+- a destroy counts only once a re-list confirms it; unconfirmed after ``destroy_confirm_min``
+  (15) minutes it raises ``destroy_unconfirmed`` and the destroy is sent again;
 - an operator-owned SSH host is never destroyed.
 Instances missing from the provider's list are marked killed by ``fleet.sync`` (except those
 created in the last 10 minutes, which are still pending).
@@ -21,8 +21,6 @@ from datetime import timedelta
 
 from fleet.clock import clock
 from fleet.models import PENDING_STATUSES
-
-DESTROY_CONFIRM_LIMIT = timedelta(minutes=15)
 
 
 @dataclass
@@ -39,16 +37,18 @@ def decide(world) -> list[MonitorAction]:
     from agent.lifecycle import is_terminal
 
     now = clock.now()
+    confirm = timedelta(minutes=world.limits.destroy_confirm_min)
     actions = []
     for inst in sorted(world.instances, key=lambda i: i.external_id):
         if inst.killed_at is not None or inst.is_owned_host:
             continue
         if inst.destroy_requested_at is not None:
-            if now - inst.destroy_requested_at > DESTROY_CONFIRM_LIMIT:
+            if now - inst.destroy_requested_at > confirm:
+                limit = world.limits.destroy_confirm_min
                 actions.append(MonitorAction(
                     "destroy_instance",
-                    {"instance_id": inst.external_id, "reason": "destroy unconfirmed after 15 min; retrying"},
-                    ("destroy_unconfirmed", f"{inst.external_id} (${inst.dph:.2f}/hr) still listed 15 min after its destroy"),
+                    {"instance_id": inst.external_id, "reason": f"destroy unconfirmed after {limit:g} min; retrying"},
+                    ("destroy_unconfirmed", f"{inst.external_id} (${inst.dph:.2f}/hr) still listed {limit:g} min after its destroy"),
                 ))
             continue
         terminal, why = is_terminal(inst, world)
