@@ -418,6 +418,7 @@ LIMIT_RANGES = {
     "claim_max_age_min": ("float", 0, 1_000_000),
     "rejection_hold_min": ("float", 0, 1_000_000),
     "starve_min": ("float", 0, 1_000_000),
+    "destroy_confirm_min": ("float", 1, 10_080),
     "startup_grace_s": ("int", 0, 3600),
     "max_steps": ("int", 1, 100),
     "same_error": ("int", 1, 20),
@@ -448,6 +449,7 @@ def policy_keys() -> list[str]:
 
     keys = list(DEFAULT_POLICY)
     keys += [f"launch_instance:{p}" for p in PRIORITIES if f"launch_instance:{p}" not in DEFAULT_POLICY]
+    keys += [f"{t}:monitor" for t in ("stop_instance", "reboot_instance", "destroy_instance") if f"{t}:monitor" not in keys]
     return keys
 
 

@@ -42,6 +42,23 @@ def do_decide(approval: Approval, decision: str, actor: str, comment: str = "", 
             raise DecisionError(f"approval {approval.pk} was already {current.status}")
         do_audit(actor, f"{decision}_call", f"approval {approval.pk}", comment,
                  {"status": "waiting"}, {"status": status, "tool": approval.tool, "args": approval.args})
+        if status == "rejected":
+            remember_rejection(approval, actor, comment, now)
         emit("approvals-changed", "runs-changed")
     approval.refresh_from_db()
     return approval
+
+
+def remember_rejection(approval: Approval, actor: str, comment: str, when) -> None:
+    """Record an operator's rejection in the agent's memory (issue 9 §1.5): category
+    ``rejection``, key ``TOOL INSTANCE``. The guard ``rejected_recently`` (``agent.lifecycle``)
+    is what enforces it; the fact lets every planner (and the model) know why."""
+    from agent.models import MemoryFact
+    from fleet.secrets import redact
+
+    target = (approval.args or {}).get("instance_id") or "any instance"
+    MemoryFact.objects.update_or_create(
+        category="rejection", key=redact(f"{approval.tool} {target}")[:200],
+        defaults={"value": redact(f"{actor} rejected {approval.tool} on {target} at {when:%Y-%m-%d %H:%M} UTC: {comment}")[:4000],
+                  "importance": 0.9, "created_at": when},
+    )

@@ -1,24 +1,37 @@
 """The fleet's structural guards: code the model cannot talk past (DESIGN.md invariants 1–3).
 
-:func:`check` returns the first refusal that applies to one call, in SCENARIOS.md's order:
-``duplicate``, ``priority_required``, ``owned_host``, ``demand_guard``, ``owned_tasks``,
-``hold_off``, ``launch_pending``, ``instance_cap``, ``budget_cap``, ``diagnosis_required``,
-``in_flight``, ``rate_limited``. Guards run when a call is proposed and again at dispatch of an
-approved call (an approval granted on stale facts executes nothing).
+:func:`check` returns the first refusal that applies to one call, in SCENARIOS.md's order. The
+whole order, with the stage that reports each code:
 
-Rules and their sources:
+``forged_observation``, ``unknown_tool``, ``forbidden_tool``, ``invalid_args``, ``identical_args``
+(pipeline) → ``duplicate`` → ``batch_too_large`` (pipeline, a whole batch) → ``target_gone``,
+``rejected_recently``, ``priority_required``, ``owned_host``, ``demand_guard``, ``owned_tasks``,
+``hold_off``, ``launch_pending``, ``instance_cap``, ``budget_cap``, ``diagnosis_required``,
+``in_flight``, ``no_longer_needed`` (at dispatch of a parked launch or resume),
+``observe_only``, ``rate_limited`` (here) → policy (``approval_required``: pipeline, with
+:func:`agent.lifecycle.forced_approval`). Guards run when a call is proposed and again at
+dispatch of an approved call (an approval granted on stale facts executes nothing).
+
+Rules and their sources (what "terminal", "blind" and "starving" mean is ``agent.lifecycle``):
+- ``target_gone``: the instance is killed (destroyed or vanished from a successful list); a
+  destroy re-sent after ``destroy_unconfirmed`` is not refused for it;
+- ``rejected_recently``: an operator rejected the same tool on the same instance and it still
+  stands (``rejection_hold_min``, or until demand changes state), for every planner;
 - scale-down (stop/destroy of a non-terminal instance) is refused while demand is not ``ok``,
   tasks are queued or in the pipeline backlog (or the backlog could not be read), or an expected
   worker is dead (seed 002; autoscalers.md §1.7 rules 2, 12; SCENARIOS.md version 2 ``backlog``);
   demand is re-read right before the check;
-- never while the instance's worker owns tasks (curio.md §3.3; autoscalers.md rule 4);
+- a live worker that owns tasks is never stopped, destroyed or rebooted (curio.md §3.3;
+  autoscalers.md rule 4); a dead one's owner parks for an operator (forced approval);
 - only after the queue has been empty for the dwell and not within the hold-off after a launch
   (cluster-autoscaler scale-down-unneeded-time / delay-after-add; autoscalers.md rule 3);
-- terminal instances (provider exited/error/unknown/offline, stuck provisioning past the limit,
-  or a fresh diagnosis failed/host) are replaced, not scaled down: the three rules above skip them;
+- terminal instances are replaced, not scaled down: ``demand_guard`` and ``hold_off`` skip them;
 - stop, and destroy of a non-terminal instance, need a fresh diagnosis (seed 002: HTTP 428);
 - an operator-owned SSH host is never destroyed by the agent or the monitor (dstack SSH fleets);
-- no launch while an earlier launch is pending (SkyPilot), within the instance and $/hr caps.
+- no launch while an earlier launch is pending (SkyPilot) unless it is starving, within the
+  instance (starving launches still count) and $/hr caps;
+- ``no_longer_needed``: at dispatch, a launch or resume the ``rules`` planner's sizing no longer
+  asks for (issue 9 §1.4).
 """
 
 from dataclasses import dataclass
@@ -26,11 +39,12 @@ from datetime import timedelta
 
 from django.db.models import Max
 
+from agent.lifecycle import is_terminal, recent_rejection, starving, worker_live
 from agent.models import Approval, SideEffect
 from agent.policy import PRIORITIES
 from agent.tools import canonical_json
 from fleet.clock import clock
-from fleet.models import PENDING_STATUSES, TERMINAL_STATUSES, Instance
+from fleet.models import PENDING_STATUSES
 from fleet.providers import ProviderError, get_provider
 
 SCALE_DOWN_TOOLS = {"stop_instance", "destroy_instance"}
@@ -42,19 +56,6 @@ class Refusal:
 
     code: str
     detail: str
-
-
-def is_terminal(inst: Instance, world) -> tuple[bool, str]:
-    """Whether ``inst`` is terminal (replace, don't scale down), with why."""
-    if inst.status in TERMINAL_STATUSES:
-        return True, f"provider status {inst.status}"
-    limit = timedelta(minutes=world.limits.provisioning_limit_min)
-    if inst.status in PENDING_STATUSES and clock.now() - inst.status_since > limit:
-        return True, f"stuck {inst.status or 'provisioning'} past {world.limits.provisioning_limit_min} min"
-    d = world.fresh_diagnosis(inst)
-    if d is not None and d.health == "failed" and d.fault_class == "host":
-        return True, f"diagnosed failed (host): {d.cause}"
-    return False, ""
 
 
 def last_launch_at(world):
@@ -108,7 +109,7 @@ def duplicate(tool: str, args: dict, key: str, *, batch_prior: list[tuple[str, d
 
 def check(tool: str, args: dict, key: str, world, *, batch_prior: list[tuple[str, dict]] = (), actor: str = "agent",
           override: set[str] = frozenset(), batch_launched: set[str] = frozenset(),
-          batch_keys: set[str] = frozenset()) -> Refusal | None:
+          batch_keys: set[str] = frozenset(), at_dispatch: bool = False, observe_only: bool = False) -> Refusal | None:
     """The first refusal for ``tool(args)``, or ``None`` when every guard passes.
 
     ``key`` is the runtime's idempotency key; ``batch_prior`` the (tool, args) of calls earlier
@@ -116,8 +117,11 @@ def check(tool: str, args: dict, key: str, world, *, batch_prior: list[tuple[str
     typed reason (only ``demand_guard`` and ``hold_off`` may be overridden); ``batch_launched``
     the instances launched by earlier calls of the same batch (they are not "pending" for it);
     ``batch_keys`` the keys of approvals parked by the same batch (identical launches of one batch
-    are several workers wanted, not duplicates of each other).
-    Raises nothing for bad ids: an unknown instance is left to the tool (it errors ``not_found``).
+    are several workers wanted, not duplicates of each other); ``at_dispatch`` true when an
+    approved call is about to run (``no_longer_needed`` applies then); ``observe_only`` the
+    session's switch (side effects are refused ``observe_only`` after every other guard but
+    ``rate_limited``). Raises nothing for bad ids: an instance we never had is left to the tool
+    (it errors ``not_found``).
     """
     from agent.tools import TOOLS
 
@@ -129,26 +133,42 @@ def check(tool: str, args: dict, key: str, world, *, batch_prior: list[tuple[str
     if refusal is not None:
         return refusal
 
-    # priority_required
-    if tool == "launch_instance" and args.get("launch_priority") not in PRIORITIES:
-        return Refusal("priority_required", "launch_instance needs launch_priority P0, P1, P2 or P3")
-
     inst = None
     if spec.instance_arg:
         inst = world.instance(args.get(spec.instance_arg, ""))
+
+    # target_gone: killed (destroyed and confirmed by a re-list, or vanished from a successful list).
+    # A destroy re-sent after destroy_unconfirmed targets a row that is not killed (still listed; a
+    # confirmed destroy listed again is reopened by fleet.sync), so it is never refused for it.
+    if spec.side_effect and inst is not None and inst.killed_at is not None:
+        return Refusal("target_gone", f"{inst.external_id} is gone ({inst.kill_reason or 'killed'}, {inst.killed_by or 'unknown'})")
+
+    # rejected_recently (binds every planner and the monitor; an operator's own action is a decision)
+    if spec.side_effect and inst is not None and not actor.startswith("user:"):
+        rejected = recent_rejection(tool, inst.external_id, world)
+        if rejected is not None:
+            return Refusal("rejected_recently", f"an operator rejected {tool} on {inst.external_id} "
+                           f"(approval {rejected.pk}: {rejected.comment or 'no comment'}); it stands for "
+                           f"{lim.rejection_hold_min:g} min or until demand changes state")
+
+    # priority_required
+    if tool == "launch_instance" and args.get("launch_priority") not in PRIORITIES:
+        return Refusal("priority_required", "launch_instance needs launch_priority P0, P1, P2 or P3")
 
     # owned_host
     if tool == "destroy_instance" and inst is not None and inst.is_owned_host:
         return Refusal("owned_host", f"{inst.external_id} is an operator-owned SSH host; it is never destroyed by {actor}")
 
-    terminal, why_terminal = (False, "")
+    terminal = False
     if inst is not None:
-        terminal, why_terminal = is_terminal(inst, world)
+        terminal = is_terminal(inst, world)[0]
+        if tool == "destroy_instance" and inst.destroy_requested_at is not None:
+            terminal = True  # a destroy already decided, re-sent (destroy_unconfirmed): not a new scale-down
 
-    if tool in SCALE_DOWN_TOOLS and inst is not None and inst.killed_at is None and not terminal:
-        d = world.refresh_demand()
+    if tool in SCALE_DOWN_TOOLS and inst is not None and inst.killed_at is None:
+        d = world.refresh_demand() if not terminal else world.demand
         # demand_guard
-        if "demand_guard" not in override:
+        if not terminal and "demand_guard" not in override:
             if d.state != "ok":
                 return Refusal("demand_guard", f"demand is {d.state}: {d.error or 'no fresh read'}; no scale-down without a good read")
             if None in (d.queued, d.running, d.workers_expected, d.workers_live, d.workers_dead):
@@ -160,12 +180,12 @@ def check(tool: str, args: dict, key: str, world, *, batch_prior: list[tuple[str
                 return Refusal("demand_guard", f"the pipeline backlog is unknown ({d.unreadable['backlog']}); unknown is never zero")
             if d.workers_dead:
                 return Refusal("demand_guard", f"{d.workers_dead} expected worker(s) dead; {d.workers_expected} expected, {d.workers_live} live")
-        # owned_tasks
+        # owned_tasks: a live worker's tasks (a dead one's owner parks for an operator: forced approval)
         worker = world.worker_for(inst)
-        if worker is not None and worker.owned_tasks:
+        if worker is not None and worker.owned_tasks and worker_live(inst, world):
             return Refusal("owned_tasks", f"{inst.external_id}'s worker owns {worker.owned_tasks} task(s); cordon and drain first")
         # hold_off
-        if "hold_off" not in override:
+        if not terminal and "hold_off" not in override:
             dwell = timedelta(minutes=lim.dwell_min)
             if d.idle_since is None:
                 return Refusal("hold_off", f"the queue is not idle ({d.running or 0} running); dwell is {lim.dwell_min:g} min")
@@ -181,22 +201,23 @@ def check(tool: str, args: dict, key: str, world, *, batch_prior: list[tuple[str
     # tasks are stuck anyway — rebooting it is the repair)
     if tool == "reboot_instance" and inst is not None:
         worker = world.worker_for(inst)
-        if worker is not None and worker.live and worker.owned_tasks:
+        if worker is not None and worker.owned_tasks and worker_live(inst, world):
             return Refusal("owned_tasks", f"{inst.external_id}'s live worker owns {worker.owned_tasks} task(s); a reboot would lose them")
 
+    prior_launches = sum(1 for t, _ in batch_prior if t == "launch_instance")
     if tool == "launch_instance":
-        # launch_pending (calls of the same batch do not count)
+        # launch_pending (calls of the same batch do not count; a starving launch stops counting)
         pending = [
             i for i in world.instances
             if i.status in PENDING_STATUSES and i.killed_at is None and i.external_id not in batch_launched
+            and not starving(i, world)
         ]
         if pending:
             return Refusal("launch_pending", f"launch of {pending[0].external_id} still pending ({pending[0].status or 'provisioning'})")
         # an open launch claim (settled ones block nothing: agent.claims.settle_claims)
         if SideEffect.objects.filter(tool="launch_instance", status="claimed").exists():
             return Refusal("launch_pending", "an earlier launch is still in flight")
-        # instance_cap
-        prior_launches = sum(1 for t, _ in batch_prior if t == "launch_instance")
+        # instance_cap (starving launches and instances being destroyed still count)
         count = sum(1 for i in world.instances if i.killed_at is None) + prior_launches
         if count + 1 > lim.max_instances:
             return Refusal("instance_cap", f"{count} instances; the cap is {lim.max_instances}")
@@ -224,6 +245,21 @@ def check(tool: str, args: dict, key: str, world, *, batch_prior: list[tuple[str
     if spec.side_effect and inst is not None:
         if SideEffect.objects.filter(instance_ref=inst.external_id, status="claimed").exists():
             return Refusal("in_flight", f"a side effect on {inst.external_id} is already in flight")
+
+    # no_longer_needed (a parked launch or resume, at dispatch: the rules planner's sizing again)
+    if at_dispatch and tool in ("launch_instance", "resume_instance"):
+        from agent.planners.rules import sizing
+
+        size = sizing(world)
+        if size.need <= 0:
+            d = world.demand
+            return Refusal("no_longer_needed", f"no longer needed: demand {d.state}, "
+                           f"{d.queued if d.queued is not None else 'unknown'} queued; {len(size.active)} instance(s) "
+                           f"active for {size.desired} wanted")
+
+    # observe_only
+    if spec.side_effect and observe_only:
+        return Refusal("observe_only", f"observe-only mode: would have run {tool}")
 
     # rate_limited
     if tool == "launch_instance":

@@ -20,7 +20,7 @@ from django.db import transaction
 
 from agent.breakers import BreakerState, Halt
 from agent.models import Approval, Run, SessionState, Step
-from agent.observe import World, observe
+from agent.observe import World, observe, void_gone_approvals
 from agent.planners.base import parse_verdict
 from agent.policy import effective_limits, effective_policy
 from agent.report import entailment_flags, final_report
@@ -154,6 +154,7 @@ def run_cycle(trigger: str, *, message: str | None = None, actor: str = "system"
         tc = _context(run, world, limits, state)
         tc.new_step(kind="observe", actor="system", text="observation", observation=redact(_json(world.summary())))
         _run_monitor(tc)
+        void_gone_approvals()  # what the monitor destroyed voids the approvals waiting on it
         _drive(tc, planner or default_planner())
         return run
     except Exception as exc:
@@ -181,6 +182,9 @@ def resume_run(run: Run, *, planner=None) -> Run:
         state = SessionState.get()
         limits, policy = effective_limits(state), effective_policy(state)
         world = observe(limits, policy)
+        run.refresh_from_db()  # the observe phase may have voided its last waiting approval (target_gone)
+        if run.status != "parked":
+            return run
         tc = _context(run, world, limits, state)
         from agent.pipeline import dispatch_approved
 
@@ -189,14 +193,15 @@ def resume_run(run: Run, *, planner=None) -> Run:
         seen: set[int] = set()
         while True:
             decided = [a for a in run.approvals.filter(step__outcome="parked").exclude(status="waiting")
-                       .select_related("step").order_by("step__seq") if a.pk not in seen]
+                       .select_related("step").order_by("decided_at", "step__seq") if a.pk not in seen]
             if not decided:
                 break
-            for a in decided:
+            for a in decided:  # in approval order: each dispatch counts those dispatched before it
                 seen.add(a.pk)
                 if a.status == "approved":
-                    tc.actor = "agent"
+                    tc.actor = a.step.actor or "agent"
                     dispatch_approved(tc, a)
+                    tc.actor = "agent"
                     tc.breakers.record_decision(a.step.seq, a.step.turn)
                     tc.breakers.record_call(a.step)
                 elif a.status == "rejected":
@@ -206,6 +211,10 @@ def resume_run(run: Run, *, planner=None) -> Run:
                     _decided(a.step, "expired", "expired", "the approval expired unanswered; nothing executed")
         # still waiting, or dispatched elsewhere and not finished (an open claim: agent.claims settles it)
         if run.approvals.filter(step__outcome="parked").exists():
+            return run
+        if run.ended_at is not None:  # the planner had finished; only the monitor's calls waited
+            run.status = "done"
+            _close(run)
             return run
         run.status = "running"
         run.save(update_fields=["status"])
@@ -321,8 +330,16 @@ def _drive(tc: TurnContext, planner) -> None:
 
 
 def _close(run: Run) -> None:
-    """Write the honest report (and entailment flags), end time, and announce."""
-    if run.status != "parked":
+    """Write the honest report (and entailment flags), end time, and announce.
+
+    A run whose planner finished while calls of the monitor still wait for an operator stays
+    ``parked`` (so the decision is dispatched like any approved call) but gets its end time:
+    :func:`resume_run` then dispatches and closes it without asking the planner again.
+    """
+    if run.status == "done" and run.approvals.filter(status="waiting").exists():
+        run.status = "parked"
+        run.ended_at = clock.now()
+    elif run.status != "parked":
         run.ended_at = clock.now()
     run.final_report = final_report(run)
     run.entailment_flags = entailment_flags(run)

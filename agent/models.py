@@ -116,8 +116,8 @@ class Step(models.Model):
 class Approval(models.Model):
     """A parked side effect waiting for an operator. Durable: survives restarts as ``waiting``.
 
-    ``status``: waiting | approved | rejected | expired | void (guards refused it at dispatch) |
-    executed. ``idempotency_key`` is the runtime's key of the parked call.
+    ``status``: waiting | approved | rejected | expired | void (guards refused it at dispatch, or
+    its instance is gone: ``target_gone``) | executed | failed. ``idempotency_key`` is the runtime's key of the parked call.
     """
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="approvals")
@@ -132,6 +132,8 @@ class Approval(models.Model):
     )
     comment = models.TextField(blank=True)
     outcome_detail = models.TextField(blank=True)
+    # the situation when it was parked (agent.pipeline.situation): demand, queue, workers, target
+    situation = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField()
     expires_at = models.DateTimeField()
     decided_at = models.DateTimeField(null=True, blank=True)

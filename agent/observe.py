@@ -2,8 +2,11 @@
 
 Reads are not agent steps. A failed provider read raises a ``provider_error`` alert and the
 cycle goes on with the last known fleet; a failed demand read is ``unknown`` (never zero) and
-raises ``demand_unknown``; expected workers that are dead raise ``workers_dead``. Each alert is
-raised once per episode and resolved when its condition clears.
+raises ``demand_unknown``; expected workers that are dead raise ``workers_dead``; the lifecycle
+alerts (``instance_exited``, ``stuck_provisioning`` for a starving launch, ``prompt_injection`` in
+provider fields) and the voiding of approvals whose instance is gone (``target_gone``) are
+:func:`lifecycle_alerts`. Each alert is raised once per episode and resolved when its condition
+clears.
 """
 
 from datetime import timedelta
@@ -63,6 +66,8 @@ class World:
         self.limits = limits
         self.policy = policy
         self.provider_error = ""
+        # instruction-like text this run saw (provider fields, tool output): forces approval
+        self.injection: list[str] = []
         self.diagnoses: dict[int, Diagnosis] = {}
         self._load_diagnoses()
 
@@ -70,6 +75,11 @@ class World:
     def set_instances(self, instances) -> None:
         self.instances = [i for i in instances if i.killed_at is None]
         self._load_diagnoses()
+
+    def replace(self, inst: Instance) -> None:
+        """Put the fresh row ``inst`` in place of its old copy (dropped once killed)."""
+        others = [i for i in self.instances if i.pk != inst.pk]
+        self.instances = others if inst.killed_at is not None else [*others, inst]
 
     def instance(self, external_id: str) -> Instance | None:
         for inst in self.instances:
@@ -180,7 +190,7 @@ def read_and_record_demand(instances) -> DemandReading:
         proof_s=reading.proof_s,
         active=reading.active,
         idle_since=reading.idle_since if reading.state == "ok" else None,
-        detail=unmatched_view(reading),
+        detail={**unmatched_view(reading), **({"workers_starting": reading.workers_starting} if reading.workers_starting is not None else {})},
     )
     if reading.state != "ok":
         raise_alert("demand_unknown", f"demand is {reading.state}: {reading.error or 'no fresh read'}", severity="P1")
@@ -225,4 +235,96 @@ def observe(limits: Limits, policy: dict) -> World:
     demand = read_and_record_demand(instances)
     world = World(instances, demand, limits, policy)
     world.provider_error = provider_error
+    lifecycle_alerts(world)
     return world
+
+
+def lifecycle_alerts(world: World) -> None:
+    """The observe phase's lifecycle alerts and checks, once per episode each:
+
+    - ``prompt_injection``: instruction-like text in an instance's provider fields (the run then
+      needs approval for every side effect: ``world.injection``);
+    - ``instance_exited``: an instance that exited or errored while we wanted it running, or whose
+      worker stopped heartbeating while it runs (issue 9 §1.6), with the evidence (status, exit
+      code, message, last heartbeat); resolved when it runs with a live worker again;
+    - ``stuck_provisioning``: a launch starving the queue (``agent.lifecycle.starving``);
+    - waiting approvals whose instance is gone are void at once (``target_gone``).
+    """
+    from django.conf import settings
+
+    from agent.lifecycle import blind, starving, worker_live
+    from agent.untrusted import scan_instance
+
+    startup_grace = timedelta(seconds=settings.WARDEN["STARTUP_GRACE_S"])
+
+    for inst in world.instances:
+        hits = scan_instance(inst)
+        if hits:
+            world.injection += [f"{inst.external_id} {name}: {frag[:120]}" for name, frag in hits]
+            from agent.untrusted import raise_instance_injection
+
+            raise_instance_injection(inst.external_id, hits)
+        key = f"instance_exited:{inst.external_id}"
+        w = world.worker_for(inst)
+        if inst.destroy_requested_at is None and inst.intended_status == "running" and inst.status in ("exited", "error"):
+            evidence = [f"provider status {inst.status} since {inst.status_since:%Y-%m-%d %H:%M} UTC"]
+            if inst.exit_code is not None:
+                evidence.append(f"exit code {inst.exit_code}" + (" (killed by SIGKILL)" if inst.exit_code == -9 else ""))
+            if inst.status_msg:
+                evidence.append(f"message: {inst.status_msg[:200]}")
+            raise_alert("instance_exited", f"{inst.external_id} died without being asked to: " + "; ".join(evidence),
+                        severity="P1", key=key, instance=inst)
+        elif (not blind(world) and inst.status == "running" and w is not None and not w.live and not w.unschedulable
+              and w.last_contact is not None and inst.intended_status == "running"
+              and clock.now() - inst.status_since > startup_grace):  # a reboot or resume we asked for is excused
+            raise_alert("instance_exited", f"{inst.external_id}'s worker {w.name} stopped heartbeating "
+                        f"(last contact {w.last_contact:%Y-%m-%d %H:%M:%S} UTC) while the instance runs",
+                        severity="P1", key=key, instance=inst)
+        elif inst.status == "running" and worker_live(inst, world):
+            resolve(key)
+        if starving(inst, world):
+            age = (clock.now() - inst.created_at).total_seconds() / 60
+            raise_alert("stuck_provisioning", f"{inst.external_id} still {inst.status or 'provisioning'} after {age:.0f} min "
+                        f"with {world.demand.queued} tasks queued and no live worker; it no longer blocks another launch",
+                        severity="P1", key=f"stuck_provisioning:{inst.external_id}", instance=inst)
+    void_gone_approvals()
+
+
+def void_gone_approvals() -> int:
+    """Void every waiting approval whose instance is gone (killed), at once: ``target_gone``.
+
+    The parked step's outcome becomes ``refused``/``target_gone``; a parked run with nothing left
+    waiting is closed. Returns how many were voided."""
+    from agent.models import Approval
+
+    waiting = list(Approval.objects.filter(status="waiting").select_related("step", "run"))
+    if not waiting:
+        return 0
+    ids = {str(a.args.get("instance_id")) for a in waiting if isinstance(a.args, dict) and a.args.get("instance_id")}
+    killed = {}
+    for inst in Instance.objects.filter(external_id__in=ids).order_by("killed_at"):
+        killed.setdefault(inst.external_id, inst)
+    n = 0
+    runs = set()
+    for a in waiting:
+        inst = killed.get(str((a.args or {}).get("instance_id")))
+        if inst is None or inst.killed_at is None:
+            continue
+        detail = f"{inst.external_id} is gone ({inst.kill_reason or 'killed'} by {inst.killed_by or 'unknown'}); the approval is void"
+        if Approval.objects.filter(pk=a.pk, status="waiting").update(status="void", outcome_detail=f"target_gone: {detail}") != 1:
+            continue
+        step = a.step
+        step.outcome, step.reason_code, step.detail, step.ok = "refused", "target_gone", detail, False
+        step.observation = f"ok: false — target_gone: {detail}"
+        step.save(update_fields=["outcome", "reason_code", "detail", "observation", "ok"])
+        runs.add(a.run)
+        n += 1
+    for run in runs:
+        if run.status == "parked" and not run.approvals.filter(step__outcome="parked").exists():
+            from agent.loop import _close
+
+            run.status = "done"
+            _close(run)
+    if n:
+        emit("approvals-changed", "runs-changed")
+    return n

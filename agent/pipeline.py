@@ -24,6 +24,7 @@ from agent.breakers import Halt
 from agent.guards import Refusal
 from agent.guards import check as guard_check
 from agent.guards import duplicate as duplicate_refusal
+from agent.lifecycle import forced_approval
 from agent.models import Approval, SideEffect, Step
 from agent.observe import with_retries
 from agent.policy import policy_for
@@ -77,6 +78,7 @@ class Decision:
     args: dict | None = None
     key: str = ""
     action: str = "run"  # run | park | done
+    forced: str = ""  # why it parks whatever the policy says (agent.lifecycle.forced_approval)
 
 
 @dataclass
@@ -202,18 +204,17 @@ def score_turn(tc, turn) -> tuple[list[Decision], Halt | None]:
                 "batch_too_large", f"a parallel batch of {len(turn.calls)} calls; at most {MAX_BATCH_CALLS} per turn, nothing in it ran")
             passed.append((p.tool, args))
         else:
-            refusal = guard_check(p.tool, args, dec.key, tc.world, batch_prior=passed, actor=tc.actor)
+            refusal = guard_check(p.tool, args, dec.key, tc.world, batch_prior=passed, actor=tc.actor,
+                                  observe_only=tc.observe_only)
         if refusal is not None:
             _finish(step, "refused", refusal.code, refusal.detail, ok=False)
             dec.action = "done"
             continue
-        if spec.side_effect and tc.observe_only:
-            _finish(step, "refused", "observe_only", f"observe-only mode: would have run {p.tool}", ok=False)
-            dec.action = "done"
-            continue
         passed.append((p.tool, args))
-        if spec.side_effect and policy_for(p.tool, args, tc.world.policy) == "approval":
-            dec.action = "park"  # park() saves the step
+        if spec.side_effect:
+            dec.forced = forced_approval(p.tool, args, tc.world, injected=run_injected(tc))
+            if dec.forced or policy_for(p.tool, args, tc.world.policy, tc.actor) == "approval":
+                dec.action = "park"  # park() saves the step
         # a call that runs is saved once, with its outcome, by execute()
     return decisions, halt
 
@@ -265,6 +266,31 @@ def run_fallback(tc, d: Decision) -> None:
     tc.breakers.record_call(step)
 
 
+def run_injected(tc) -> bool:
+    """Whether this run raised ``prompt_injection`` (in its observe phase or in a tool's output):
+    every later side effect of the run parks for an operator (SCENARIOS.md "forced approval")."""
+    from fleet.models import Alert
+
+    if tc.world.injection:
+        return True
+    return Alert.objects.filter(kind="prompt_injection", key__startswith=f"prompt_injection:{tc.run.number}:").exists()
+
+
+def situation(world, args: dict | None) -> dict:
+    """The facts an approval card shows "then" and "now": demand (state, queued, workers live and
+    expected) and the target instance's status (``None`` when the call names none)."""
+    d = world.demand
+    target = None
+    ident = (args or {}).get("instance_id")
+    if ident:
+        inst = world.instance(str(ident))
+        target = {"id": ident, "status": "absent" if inst is None else ("gone" if inst.killed_at else inst.status)}
+    return {"at": clock.now().isoformat(), "demand": d.state if d else "unknown",
+            "queued": d.queued if d else None, "workers_live": d.workers_live if d else None,
+            "workers_expected": d.workers_expected if d else None,
+            "instances": sum(1 for i in world.instances if i.killed_at is None), "target": target}
+
+
 def park(tc, d: Decision) -> Approval:
     """Write the Approval row for a call that needs an operator; the step's outcome is ``parked``."""
     from datetime import timedelta
@@ -279,9 +305,11 @@ def park(tc, d: Decision) -> Approval:
         idempotency_key=d.key,
         created_at=now,
         expires_at=now + timedelta(minutes=tc.limits.approval_expiry_min),
+        situation=situation(tc.world, d.args),
     )
+    why = f"; forced: {d.forced}" if d.forced else ""
     _finish(d.step, "parked", "approval_required",
-            f"waiting for an operator (approval {approval.pk}, expires in {tc.limits.approval_expiry_min:g} min)",
+            f"waiting for an operator (approval {approval.pk}, expires in {tc.limits.approval_expiry_min:g} min){why}",
             observation=f"parked: {d.step.tool} waits for operator approval {approval.pk}", ok=None)
     emit("approvals-changed")
     return approval
@@ -312,6 +340,7 @@ def execute(tc, step: Step, spec, args: dict, key: str, *, outcome: str = "execu
         except claims.ClaimRefused as exc:
             return _finish(step, "refused", exc.code, exc.detail, ok=False)
     timeout = spec.timeout_s or tc.limits.tool_timeout_s
+    started = clock.now()
     t0 = clock.monotonic()
     ctx = ToolContext(run=tc.run, actor=tc.actor, world=tc.world, deadline=t0 + timeout, step=step,
                       label=claim.label if claim is not None else "")
@@ -343,7 +372,12 @@ def execute(tc, step: Step, spec, args: dict, key: str, *, outcome: str = "execu
     hits = scan_for_injection(json.dumps(payload, default=str))
     if hits:
         from fleet.alerts import raise_alert
+        from fleet.models import Alert
 
+        tc.world.injection.append(f"{spec.name} output: {hits[0][:120]}")
+        if Alert.objects.filter(kind="prompt_injection", raised_at__gte=started).exclude(state="resolved").exists():
+            emit("runs-changed")  # the entry point (sync, diagnosis) already raised it for this text
+            return step
         raise_alert("prompt_injection", f"instruction-like text in {spec.name} output (run {tc.run.number}): {hits[0][:120]}",
                     severity="P1", key=f"prompt_injection:{tc.run.number}:{spec.name}")
     emit("runs-changed")
@@ -419,7 +453,8 @@ def dispatch_approved(tc, approval: Approval) -> Step:
         return _already_dispatched(approval, claim)
     siblings = set(Approval.objects.filter(run_id=step.run_id, step__turn=step.turn).values_list("idempotency_key", flat=True))
     refusal = guard_check(approval.tool, args, approval.idempotency_key, tc.world, actor=tc.actor,
-                          batch_launched=_launched_by_siblings(step), batch_keys=siblings)
+                          batch_launched=_launched_by_siblings(step), batch_keys=siblings, at_dispatch=True,
+                          observe_only=tc.observe_only)
     if refusal is not None:
         _finish(step, "refused", refusal.code, f"approved, but refused at dispatch: {refusal.detail}", ok=False)
         Approval.objects.filter(pk=approval.pk).update(status="void", outcome_detail=f"{refusal.code}: {refusal.detail}")

@@ -34,7 +34,14 @@ DEFAULT_POLICY = {
     "resume_instance": "auto",
     "reboot_instance": "approval",
     "destroy_instance": "approval",
+    # the monitor's own lifecycle actions (SCENARIOS.md cycle order 2: its default is auto)
+    "stop_instance:monitor": "auto",
+    "reboot_instance:monitor": "auto",
+    "destroy_instance:monitor": "auto",
 }
+
+#: the actor whose actions take ``TOOL:<actor>`` policy keys
+MONITOR = "monitor"
 
 #: breaker thresholds and budgets (SCENARIOS.md reason table; seed 001)
 DEFAULT_LIMITS = {
@@ -56,6 +63,7 @@ DEFAULT_LIMITS = {
     "claim_max_age_min": 30,  # a side effect claimed and unfinished this long is a stale claim
     "rejection_hold_min": 60,  # an operator's rejection stands this long unless demand changes state
     "starve_min": 30,  # with work queued and no live worker, a launch pending this long stops blocking
+    "destroy_confirm_min": 15,  # a destroy still listed this long is destroy_unconfirmed (sent again)
     "launch_rate": [6, 600],  # at most N launches per S seconds (rate_limited)
 }
 
@@ -101,8 +109,17 @@ def effective_policy(state: SessionState | None = None) -> dict:
     return table
 
 
-def policy_for(tool: str, args: dict | None, table: dict) -> str:
-    """The policy of one call: ``launch_instance:Pn`` beats ``launch_instance``; unknown → approval."""
+def policy_for(tool: str, args: dict | None, table: dict, actor: str = "agent") -> str:
+    """The policy of one call (SCENARIOS.md "policy"): the most specific key present decides.
+
+    ``forbidden`` on ``TOOL`` binds every actor and priority. The monitor's actions take
+    ``TOOL:monitor`` (its own default is ``auto``); launches take ``launch_instance:Pn`` before
+    ``launch_instance``. A tool the table does not name needs approval.
+    """
+    if table.get(tool) == "forbidden":
+        return "forbidden"
+    if actor == MONITOR:
+        return table.get(f"{tool}:{MONITOR}", "auto")
     if tool == "launch_instance" and args:
         prio = args.get("launch_priority")
         if isinstance(prio, str) and f"launch_instance:{prio}" in table:

@@ -426,7 +426,7 @@ def check_objectives(v: dict) -> dict:
     if not 0 <= target <= MAX_COUNT:
         raise ValueError(f"objective 'target_proofs_hr' must be a number between 0 and 10^9 (got {target!r})")
     for key in LIFECYCLE_KEYS & set(v):
-        if key not in LIMIT_RANGES and not 0 <= v[key] <= MAX_MINUTES:
+        if not 0 <= v[key] <= MAX_MINUTES:
             raise ValueError(f"objective {key!r} must be between 0 and 10^6 minutes (got {v[key]!r})")
     # the same ranges the settings page enforces
     try:

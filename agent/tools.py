@@ -225,6 +225,7 @@ def _lifecycle(action: str):
         inst = _instance(args["instance_id"])
         do_instance_action(inst, action, actor=ctx.actor, reason=args.get("reason", ""))
         inst.refresh_from_db()
+        ctx.world.replace(inst)  # later checks of this cycle see what the action did
         return {"instance_id": inst.external_id, "status": inst.status, "killed": inst.killed_at is not None}
 
     body.__name__ = f"{action}_instance"

@@ -14,7 +14,6 @@ import functools
 import json
 import logging
 import uuid
-from datetime import timedelta
 
 from django.conf import settings
 from django.contrib import messages
@@ -121,14 +120,15 @@ def demand_context() -> dict:
 def cards_context() -> dict:
     """Summary cards: target and current proofs/hr, queue, workers, $/hr, instance counts."""
     state = SessionState.get()
-    grace_start = clock.now() - timedelta(seconds=settings.WARDEN["STARTUP_GRACE_S"])
     fleet = Instance.objects.filter(killed_at__isnull=True).aggregate(
         live=Count("id"),
         running=Count("id", filter=Q(status="running")),
-        starting=Count("id", filter=Q(status="running", started_at__gt=grace_start)),
         dph=Sum("dph", filter=Q(status__in=BILLABLE_STATUSES)),
     )
     ctx = demand_context()
+    # starting: inside the startup grace and not heartbeating yet, as the demand read counted them
+    # (a worker that heartbeats is live whatever the grace: issue 9 §1.7)
+    fleet["starting"] = ((ctx["demand"].detail or {}).get("workers_starting") or 0) if ctx["demand"] is not None else 0
     ok = ctx["demand_state"] == "ok"
     ctx.update(
         state=state,
@@ -500,6 +500,7 @@ def approvals_context(recent: int = APPROVALS_RECENT) -> dict:
     )
     for a in waiting:
         a.seconds_left = (a.expires_at - now).total_seconds()
+    attach_situation_now(waiting)
     decided = []
     if recent:
         decided = list(
@@ -507,6 +508,28 @@ def approvals_context(recent: int = APPROVALS_RECENT) -> dict:
             .order_by(F("decided_at").desc(nulls_last=True), "-pk")[:recent]
         )
     return {"waiting": waiting, "decided": decided, "now": now}
+
+
+def attach_situation_now(approvals: list) -> None:
+    """Set ``a.now`` on each approval: the situation now, in the shape of ``a.situation`` (the one
+    when it was parked, ``agent.pipeline.situation``), so a card shows then and now side by side
+    (issue 9 §1.4). Two queries whatever the number of approvals."""
+    if not approvals:
+        return
+    sample = DemandSample.objects.order_by("-taken_at").first()
+    ids = {str((a.args or {}).get("instance_id")) for a in approvals if (a.args or {}).get("instance_id")}
+    rows = {}
+    for inst in Instance.objects.filter(external_id__in=ids).order_by("killed_at"):
+        rows.setdefault(inst.external_id, inst)
+    for a in approvals:
+        ident = (a.args or {}).get("instance_id")
+        target = None
+        if ident:
+            inst = rows.get(str(ident))
+            target = {"id": ident, "status": "absent" if inst is None else ("gone" if inst.killed_at else inst.status)}
+        a.now = {"demand": sample.state if sample else "unknown", "queued": sample.queued if sample else None,
+                 "workers_live": sample.workers_live if sample else None,
+                 "workers_expected": sample.workers_expected if sample else None, "target": target}
 
 
 def _safe_next(request, default: str) -> str:
@@ -562,6 +585,7 @@ def decide_approval(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     if request.htmx:
         now = clock.now()
         approval.seconds_left = (approval.expires_at - now).total_seconds()
+        attach_situation_now([approval])
         resp = render(request, "console/partials/approval_card.html",
                       _page_context(request, a=approval, error=error, note=note, now=now))
         trigger_client_event(resp, "approvals-changed")

@@ -9,6 +9,7 @@ Verdict: ``health`` healthy | degraded | failed; ``fault_class`` host | containe
 network. The rules judge is the default; a model judge (agent side) may replace it later.
 """
 
+import json
 import re
 
 from fleet.clock import clock
@@ -206,6 +207,14 @@ def diagnose(instance: Instance, *, worker=None, timeout_s: float = 30) -> Diagn
     if worker is not None:
         evidence["worker"] = {"live": worker.live, "unschedulable": worker.unschedulable, "owned_tasks": worker.owned_tasks}
     health, cls, cause = judge(evidence, status=instance.status, worker=worker, reachable=reachable)
+    from agent.untrusted import scan_for_injection
+
+    hits = scan_for_injection(json.dumps(evidence, default=str))
+    if hits:  # what a machine prints is data: instruction-like text raises prompt_injection here
+        from fleet.alerts import raise_alert
+
+        raise_alert("prompt_injection", f"instruction-like text in the diagnose_instance evidence of {instance.external_id}: {hits[0][:120]}",
+                    severity="P1", key=f"prompt_injection:diagnosis:{instance.external_id}")
     return Diagnosis.objects.create(
         instance=instance, taken_at=clock.now(), health=health, fault_class=cls, cause=redact(cause), source=source,
         evidence=redact_obj(evidence),  # what machines print is never stored with its secrets

@@ -14,7 +14,7 @@ from fleet.harmony import (  # noqa: F401  (registered with the app)
 
 # Provider statuses (vast.ai's ``actual_status`` vocabulary, vastai.md §2.4) plus our own.
 PENDING_STATUSES = {"created", "loading", "scheduling", "rebooting", ""}
-TERMINAL_STATUSES = {"exited", "error", "unknown", "offline"}
+# what makes an instance terminal is agent.lifecycle.is_terminal (statuses alone do not)
 BILLABLE_STATUSES = {"running", "frozen", "loading", "created", "scheduling", "rebooting", "stopped"}
 
 
@@ -127,7 +127,8 @@ class Alert(models.Model):
     """Something an operator should look at. Deduplicated per episode by ``key``.
 
     ``kind`` is one of SCENARIOS.md's alert kinds (workers_dead, demand_unknown, provider_error,
-    prompt_injection, breaker_tripped, destroy_unconfirmed, stuck_provisioning, budget, escalation).
+    prompt_injection, breaker_tripped, destroy_unconfirmed, stuck_provisioning, budget, escalation,
+    stale_claim, instance_exited, planner_fallback).
     """
 
     STATES = [("firing", "firing"), ("acknowledged", "acknowledged"), ("resolved", "resolved")]

@@ -1,13 +1,16 @@
-"""The monitor's lifecycle rules (seed 002; autoscalers.md §1.7 rules 7–9).
+"""The monitor's lifecycle rules (seed 002; autoscalers.md §1.7 rules 7–9; SCENARIOS.md cycle order 2).
 
-Pure decisions over our instance rows; the agent's pipeline executes them (same guards and
-idempotency as any call, no approval: these rules are the monitor's policy):
+Pure decisions over the cycle's world; ``agent.monitor_runner`` runs them through the same
+policy table (``TOOL:monitor`` keys, its own default ``auto``), observe-only switch, guards,
+forced approvals and idempotency as any call:
 
-- an instance whose provider status is exited, error, unknown or offline is destroyed;
-- one stuck in created, loading or scheduling for more than the provisioning limit (3 h) is
-  destroyed, with a ``stuck_provisioning`` alert;
-- a destroy counts only once a re-list confirms it; unconfirmed after 15 minutes it raises
-  ``destroy_unconfirmed`` (and the destroy is retried);
+- a terminal instance is destroyed — terminal as the guards define it, in one place
+  (``agent.lifecycle.is_terminal``: a live worker is never terminal; ``exited`` only when we
+  wanted it running; ``unknown``/``offline`` only after ``offline_grace_min``; stuck
+  provisioning past ``provisioning_limit_min`` with a ``stuck_provisioning`` alert; a failed/host
+  diagnosis on evidence from the machine);
+- a destroy counts only once a re-list confirms it; unconfirmed after ``destroy_confirm_min``
+  (15) minutes it raises ``destroy_unconfirmed`` and the destroy is sent again;
 - an operator-owned SSH host is never destroyed.
 Instances missing from the provider's list are marked killed by ``fleet.sync`` (except those
 created in the last 10 minutes, which are still pending).
@@ -17,10 +20,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from fleet.clock import clock
-from fleet.models import TERMINAL_STATUSES, Instance
-
-STUCK_STATUSES = {"created", "loading", "scheduling"}
-DESTROY_CONFIRM_LIMIT = timedelta(minutes=15)
+from fleet.models import PENDING_STATUSES
 
 
 @dataclass
@@ -32,31 +32,31 @@ class MonitorAction:
     alert: tuple[str, str] | None = None  # (kind, message)
 
 
-def decide(instances: list[Instance], *, provisioning_limit_min: float = 180) -> list[MonitorAction]:
-    """The monitor's actions for ``instances`` (non-killed rows), in a stable order."""
+def decide(world) -> list[MonitorAction]:
+    """The monitor's actions for the cycle's ``world`` (``agent.observe.World``), in a stable order."""
+    from agent.lifecycle import is_terminal
+
     now = clock.now()
-    limit = timedelta(minutes=provisioning_limit_min)
+    confirm = timedelta(minutes=world.limits.destroy_confirm_min)
     actions = []
-    for inst in sorted(instances, key=lambda i: i.external_id):
+    for inst in sorted(world.instances, key=lambda i: i.external_id):
         if inst.killed_at is not None or inst.is_owned_host:
             continue
         if inst.destroy_requested_at is not None:
-            if now - inst.destroy_requested_at > DESTROY_CONFIRM_LIMIT:
+            if now - inst.destroy_requested_at > confirm:
+                limit = world.limits.destroy_confirm_min
                 actions.append(MonitorAction(
                     "destroy_instance",
-                    {"instance_id": inst.external_id, "reason": "destroy unconfirmed after 15 min; retrying"},
-                    ("destroy_unconfirmed", f"{inst.external_id} (${inst.dph:.2f}/hr) still listed 15 min after its destroy"),
+                    {"instance_id": inst.external_id, "reason": f"destroy unconfirmed after {limit:g} min; retrying"},
+                    ("destroy_unconfirmed", f"{inst.external_id} (${inst.dph:.2f}/hr) still listed {limit:g} min after its destroy"),
                 ))
             continue
-        if inst.status in TERMINAL_STATUSES:
-            actions.append(MonitorAction(
-                "destroy_instance", {"instance_id": inst.external_id, "reason": f"terminal: provider status {inst.status}"}
-            ))
-        elif inst.status in STUCK_STATUSES and now - inst.status_since > limit:
+        terminal, why = is_terminal(inst, world)
+        if not terminal:
+            continue
+        alert = None
+        if inst.status in PENDING_STATUSES:
             hours = (now - inst.status_since).total_seconds() / 3600
-            actions.append(MonitorAction(
-                "destroy_instance",
-                {"instance_id": inst.external_id, "reason": f"stuck {inst.status} for {hours:.1f} h"},
-                ("stuck_provisioning", f"{inst.external_id} stuck {inst.status} for {hours:.1f} h; destroying"),
-            ))
+            alert = ("stuck_provisioning", f"{inst.external_id} stuck {inst.status or 'provisioning'} for {hours:.1f} h")
+        actions.append(MonitorAction("destroy_instance", {"instance_id": inst.external_id, "reason": f"terminal: {why}"}, alert))
     return actions

@@ -51,14 +51,22 @@ def sync_instances(provider=None) -> list[Instance]:
       changes;
     - one of our live rows missing from the list: marked killed (``killed_by="provider"``,
       reason "vanished") unless it was created less than 10 minutes ago;
-    - a listed instance we have no row for: adopted (a new row), so nothing that runs is hidden.
+    - a listed instance we have no row for: adopted (a new row), so nothing that runs is hidden;
+    - a listed instance whose destroy we counted as confirmed: live again, its destroy unconfirmed
+      (``destroy_requested_at`` kept: the monitor re-sends it with ``destroy_unconfirmed``).
 
     Emits ``fleet-changed`` (after commit) when anything changed. Returns this provider's
     non-killed instances, newest first. Raises ``ProviderError`` when the provider read fails
     (nothing is changed then).
     """
     provider = provider or get_provider()
+    from agent.untrusted import raise_instance_injection, scan_instance
+
     listed = provider.list_instances()  # raises ProviderError: never read as "no instances"
+    for p in listed:  # provider text is data: instruction-like text raises prompt_injection here
+        hits = scan_instance(p)
+        if hits:
+            raise_instance_injection(p.external_id, hits)
     by_id = {p.external_id: p for p in listed}
     now = clock.now()
     changed = False
@@ -90,11 +98,19 @@ def sync_instances(provider=None) -> list[Instance]:
             row.save(update_fields=diff)
             changed = True
         if by_id:
-            known = set(
-                Instance.objects.filter(provider__in=names, external_id__in=list(by_id)).values_list(
-                    "external_id", flat=True
-                )
-            )
+            known = set()
+            for row in Instance.objects.select_for_update().filter(provider__in=names, external_id__in=list(by_id)):
+                known.add(row.external_id)
+                if row.destroy_requested_at is not None and not Instance.objects.filter(
+                        provider=row.provider, external_id=row.external_id, killed_at__isnull=True).exists():
+                    # a destroy we counted as confirmed, listed again: unconfirmed after all — neither
+                    # capacity nor forgotten (the monitor re-sends it and raises destroy_unconfirmed)
+                    row.killed_at, row.killed_by, row.kill_reason = None, "", ""
+                    for f, v in _fields(by_id[row.external_id]).items():
+                        setattr(row, f, v)
+                    row.intended_status = "destroyed"
+                    row.save()
+                    changed = True
             new = [
                 Instance(
                     provider=p.extra.get("provider", provider.name),

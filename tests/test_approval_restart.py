@@ -93,6 +93,7 @@ def worker_env(local_fleet):
         "WARDEN_RUN_LOCK_TTL_S": str(LOCK_TTL_S),
         "WARDEN_CELERY_VISIBILITY_TIMEOUT_S": str(VISIBILITY_S),
         "WARDEN_STARTUP_GRACE_S": "0",
+        "WARDEN_CELERY_QUEUE": settings.CELERY_TASK_DEFAULT_QUEUE,  # the queue this session sends to
     }
     return env
 
@@ -112,7 +113,11 @@ def workers(worker_env, tmp_path):
 
 
 def park_a_launch() -> Approval:
-    """A P1 launch parks for an operator (policy: approval)."""
+    """A P1 launch parks for an operator (policy: approval). A task waits in the demo queue, so the
+    launch is still needed when it is dispatched (no ``no_longer_needed``)."""
+    from fleet import demo
+
+    demo.enqueue(1)
     run = run_cycle("test", planner=ScriptPlanner([
         {"tool": "launch_instance", "args": {"gpu_name": "local-cpu", "launch_priority": "P1", "reason": "queue"}},
     ]))

@@ -27,6 +27,9 @@ from tests.browser_support import CHROMIUM, CHROMIUM_ARGS, FleetBrowserTestCase
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs /usr/bin/chromium")
 class TestApprovalsInABrowser(FleetBrowserTestCase):
     def park_two_launches(self) -> tuple[Run, Approval, Approval]:
+        from fleet import demo
+
+        demo.enqueue(1)  # work waits: the approved launch is still needed at dispatch (no_longer_needed)
         run = run_cycle("operator", planner=ScriptPlanner([{"parallel": [
             {"tool": "launch_instance", "args": {"gpu_name": "local-cpu", "launch_priority": "P1", "reason": "queue is growing"}},
             {"tool": "launch_instance", "args": {"gpu_name": "local-cpu", "launch_priority": "P2", "reason": "spare capacity"}},

@@ -174,8 +174,9 @@ def test_a_fresh_good_read_is_not_stale(client, alice, settings):
 def test_it_says_how_many_workers_are_still_in_their_startup_grace(client, alice, settings):
     settings.WARDEN = {**settings.WARDEN, "STARTUP_GRACE_S": 60}
     make_instances(2, started_at=timezone.now())
+    # the demand read counts who is starting: inside the grace and not heartbeating yet (issue 9 §1.7)
     DemandSample.objects.create(taken_at=timezone.now(), state="ok", queued=3, running=2, workers_expected=0,
-                                workers_live=0, workers_dead=0)
+                                workers_live=0, workers_dead=0, detail={"workers_starting": 2})
     client.force_login(alice)
     assert "2 starting (not yet expected)" in client.get("/").content.decode()
 
@@ -223,3 +224,11 @@ def test_it_offers_the_demo_controls_only_for_the_demo_queue(client, alice, sett
     html = client.get("/").content.decode()
     assert "Add tasks" not in html and "Kill one worker" not in html
     assert "Trigger observe cycle now" in html
+def test_workers_heartbeating_inside_the_grace_are_not_starting(client, alice, settings):
+    settings.WARDEN = {**settings.WARDEN, "STARTUP_GRACE_S": 60}
+    make_instances(2, started_at=timezone.now())
+    DemandSample.objects.create(taken_at=timezone.now(), state="ok", queued=3, running=2, workers_expected=2,
+                                workers_live=2, workers_dead=0, detail={"workers_starting": 0})
+    client.force_login(alice)
+    page = client.get("/").content.decode()
+    assert "starting (not yet expected)" not in page

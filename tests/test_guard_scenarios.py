@@ -53,6 +53,9 @@ GUARD_CODES = [
     "diagnosis_required",
     "in_flight",
     "duplicate",
+    "target_gone",
+    "rejected_recently",
+    "no_longer_needed",
     "approval_required",
     "rejected",
     "expired",
@@ -302,6 +305,9 @@ def test_approved_launches_of_one_batch_do_not_block_each_other(tmp_path):
     for c in data["steps"][0]["parallel"]:
         c["args"]["launch_priority"] = "P1"
     data["operator"] = {"default": "approve"}
+    # both launches are still needed at dispatch (no_longer_needed): 720 proofs/hr at 180 per
+    # worker wants 4 workers, 2 run
+    data["objectives"]["target_proofs_hr"] = 720
     data["expect"] = {
         "parked": [{"tool": "launch_instance"}, {"tool": "launch_instance"}],
         "executed": [{"tool": "launch_instance"}, {"tool": "launch_instance"}],

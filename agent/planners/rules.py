@@ -19,23 +19,75 @@ It proposes; the guards, policy and approvals still decide (nothing here bypasse
 """
 
 import math
+from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
 
-from agent.guards import is_terminal, last_launch_at
+from agent.guards import last_launch_at
+from agent.lifecycle import from_machine, is_terminal, recent_rejection, starving
 from agent.planners.base import Planner, Proposal, Turn
 from fleet.clock import clock
 from fleet.models import PENDING_STATUSES
 
 
-def recently_rejected(tool: str, minutes: float) -> set[str]:
-    """Instance ids an operator rejected ``tool`` for in the last ``minutes``."""
-    from agent.models import Approval
+@dataclass
+class Sizing:
+    """The ``rules`` planner's sizing on one world: ``desired`` workers, the ``active`` instances
+    counted as capacity, the ``terminal`` ones to replace, stopped ones to ``resume`` and the number
+    of ``launches`` still missing, at ``priority``."""
 
-    since = clock.now() - timedelta(minutes=minutes)
-    rows = Approval.objects.filter(tool=tool, status="rejected", decided_at__gte=since).values_list("args", flat=True)
-    return {a.get("instance_id") for a in rows if isinstance(a, dict)}
+    desired: int
+    active: list
+    terminal: list
+    resume: list
+    launches: int
+    priority: str
+
+    @property
+    def need(self) -> int:
+        return len(self.resume) + self.launches
+
+
+def per_worker_rate(demand) -> float:
+    """Proofs/hr one worker delivers: from the measured seconds per proof (``proof_s``, SCENARIOS.md
+    Version 2) when known, else from the configured proof length (``WARDEN_PROOF_SECONDS``). Not
+    from the last hour's proofs over live workers: under light load that under-counts capacity."""
+    proof_s = getattr(demand, "proof_s", None)
+    if proof_s:
+        return max(1.0, 3600.0 / proof_s)
+    return 3600.0 / max(1.0, settings.WARDEN["PROOF_SECONDS"])
+
+
+def sizing(world) -> Sizing:
+    """Rule 1 on ``world``: with work queued (queued + backlog), keep
+    ``min(cap, work, max(1, ceil(target / per-worker rate)))`` instances. Capacity counts running
+    and pending instances that are not terminal, not being destroyed (``destroy_unconfirmed`` is
+    neither capacity nor forgotten) and not starving (SCENARIOS.md "starvation"). Also the
+    dispatch-time check of a parked launch or resume (``no_longer_needed``)."""
+    d, lim = world.demand, world.limits
+    terminal = [
+        i for i in world.instances
+        if i.killed_at is None and is_terminal(i, world)[0] and not i.is_owned_host and i.destroy_requested_at is None
+    ]
+    active = [
+        i for i in world.instances
+        if i.killed_at is None and i not in terminal and i.destroy_requested_at is None
+        and (i.status == "running" or i.status in PENDING_STATUSES) and not starving(i, world)
+    ]
+    work = (d.queued or 0) + (getattr(d, "backlog", 0) or 0) if d.state == "ok" else 0
+    if not work:
+        return Sizing(0, active, terminal, [], 0, "P1")
+    want = max(1, math.ceil((lim.target_proofs_hr or 0) / per_worker_rate(d)))
+    desired = min(lim.max_instances, work, want)
+    need = max(0, desired - len(active))
+    stopped = [
+        i for i in world.instances
+        if i.killed_at is None and i not in terminal and not i.is_owned_host and i.destroy_requested_at is None
+        and (i.status == "stopped" or (i.status == "exited" and i.intended_status == "stopped"))
+    ]
+    resume = stopped[:need]
+    return Sizing(desired, active, terminal, resume, need - len(resume), "P0" if not d.workers_live else "P1")
 
 
 def _verdict(action: bool, changed: bool) -> str:
@@ -48,10 +100,8 @@ class RulesPlanner(Planner):
     name = "rules"
 
     def per_worker_rate(self, demand) -> float:
-        """Proofs/hr one worker delivers: from the measured seconds per proof (``proof_s``, the
-        median over Curio's recent history) when known, else from ``WARDEN_PROOF_SECONDS``."""
-        seconds = demand.proof_s or settings.WARDEN["PROOF_SECONDS"]
-        return 3600.0 / max(1.0, seconds)
+        """Proofs/hr one worker delivers (:func:`per_worker_rate`)."""
+        return per_worker_rate(demand)
 
     def _retire_candidates(self, world) -> list:
         d, lim, now = world.demand, world.limits, clock.now()
@@ -76,36 +126,25 @@ class RulesPlanner(Planner):
         return out
 
     def first_turn(self, world) -> Turn:
-        d, lim = world.demand, world.limits
+        d = world.demand
         calls: list[Proposal] = []
-        terminal = [
-            i for i in world.instances
-            if is_terminal(i, world)[0] and not i.is_owned_host and i.destroy_requested_at is None
-        ]
-        for inst in terminal:
+        size = sizing(world)
+        for inst in size.terminal:
             why = is_terminal(inst, world)[1]
             calls.append(Proposal("destroy_instance", {"instance_id": inst.external_id, "reason": f"terminal: {why}"}))
-        active = [i for i in world.instances if i not in terminal and (i.status == "running" or i.status in PENDING_STATUSES)]
-        waiting = (d.queued or 0) + (d.backlog or 0)
-        if d.state == "ok" and waiting:
-            rate = self.per_worker_rate(d)
-            want = max(1, math.ceil((lim.target_proofs_hr or 0) / rate))
-            desired = min(lim.max_instances, waiting, want)
-            backlog = f" (+{d.backlog} in the backlog)" if d.backlog else ""
-            prio = "P0" if not d.workers_live else "P1"
-            need = max(0, desired - len(active))
-            # an instance we stopped earlier is resumed before anything new is rented
-            stopped = [i for i in world.instances if i.status == "stopped" and i not in terminal and not i.is_owned_host]
-            for inst in stopped[:need]:
-                calls.append(Proposal("resume_instance", {
-                    "instance_id": inst.external_id,
-                    "reason": f"{d.queued} queued{backlog}, {d.workers_live} live; resume before renting new",
-                }))
-            for _ in range(need - min(need, len(stopped))):
-                calls.append(Proposal("launch_instance", {
-                    "launch_priority": prio,
-                    "reason": f"{d.queued} queued{backlog}, {d.workers_live} live; want {desired} workers for {lim.target_proofs_hr:g} proofs/hr",
-                }))
+        active = size.active
+        backlog = f" (+{d.backlog} in the backlog)" if d.backlog else ""
+        # an instance we stopped earlier is resumed before anything new is rented
+        for inst in size.resume:
+            calls.append(Proposal("resume_instance", {
+                "instance_id": inst.external_id,
+                "reason": f"{d.queued} queued{backlog}, {d.workers_live} live; resume before renting new",
+            }))
+        for _ in range(size.launches):
+            calls.append(Proposal("launch_instance", {
+                "launch_priority": size.priority,
+                "reason": f"{d.queued} queued{backlog}, {d.workers_live} live; want {size.desired} workers for {world.limits.target_proofs_hr:g} proofs/hr",
+            }))
         # repair before replace: dead expected workers get diagnosed
         for inst in active:
             w = world.worker_for(inst)
@@ -135,7 +174,7 @@ class RulesPlanner(Planner):
                 continue
             if diag.health == "healthy" or inst.external_id in proposed:
                 continue
-            if diag.health == "failed" and diag.fault_class == "host":
+            if diag.health == "failed" and diag.fault_class == "host" and from_machine(diag):
                 if not inst.is_owned_host:
                     calls.append(Proposal("destroy_instance", {"instance_id": inst.external_id, "reason": f"replace: {diag.cause}"}))
             else:
@@ -145,18 +184,21 @@ class RulesPlanner(Planner):
                 }))
         d = world.demand
         if calls and d.state == "ok" and d.queued and not d.workers_live:
+            # proposed, not done: each call still passes the guards and policy, and the outcome
+            # is in the run's report (issue 9 §1.3: never say an action happened that was refused)
+            what = ", ".join(f"{p.tool.removesuffix('_instance')} {p.args['instance_id']}" for p in calls)
             calls.append(Proposal("escalate_human", {
                 "severity": "P1",
-                "message": f"every expected worker is dead with {d.queued} tasks queued; repairing {len(calls)} instance(s)",
+                "message": f"every expected worker is dead with {d.queued} tasks queued; proposed repair ({what}), "
+                           "subject to the guards and approval: see the run's report for what ran",
             }))
         return Turn(calls=calls, batch=len(calls) > 1)
 
     def retire_turn(self, world) -> Turn:
         calls = []
-        rejected = recently_rejected("stop_instance", minutes=max(world.limits.dwell_min, world.limits.hold_off_min))
         for inst in self._retire_candidates(world):
-            if inst.external_id in rejected:
-                continue  # an operator said no: not asked again before the dwell has passed again
+            if recent_rejection("stop_instance", inst.external_id, world) is not None:
+                continue  # an operator said no, and it still stands (rejected_recently)
             diag = world.fresh_diagnosis(inst)
             if diag is not None and diag.health == "healthy":
                 calls.append(Proposal("stop_instance", {

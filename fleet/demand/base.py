@@ -29,6 +29,8 @@ class DemandReading:
     ``workers_expected``: our instances that should be running a worker, past the startup grace.
     ``workers_live``: expected workers with a fresh heartbeat that are not cordoned.
     ``workers_dead``: expected minus live minus cordoned (a cordoned worker drains, it is not dead).
+    ``workers_starting``: running instances still inside the startup grace whose worker has not
+    heartbeated yet (a worker that heartbeats is live whatever the grace).
     ``proofs_hr``: successful proofs over the last hour. ``idle_since``: since when the queue
     has been empty with nothing running, when the source knows (else the observer derives it
     from earlier samples). ``active``: Curio-style flag (some task
@@ -54,6 +56,7 @@ class DemandReading:
     workers_live: int | None = None
     workers_dead: int | None = None
     workers_cordoned: int | None = None
+    workers_starting: int | None = None
     proofs_hr: float | None = None
     backlog: int | None = None
     proof_s: float | None = None

@@ -159,8 +159,10 @@ class HarmonyDemandSource:
       proved, no prove task) when UpdateProve is a task name, plus sectors waiting for PoRep in
       ``sectors_sdr_pipeline`` (precommit landed, seed epoch set, no PoRep task, not proved, not
       failed) when PoRep is — work Curio has not queued because no node that runs it is alive;
-    - ``workers_expected``: instances with status ``running`` started more than
-      ``WARDEN["STARTUP_GRACE_S"]`` ago (``started_at``, else ``status_since``);
+    - ``workers_expected``: instances with status ``running`` whose worker heartbeats, or that
+      started more than ``WARDEN["STARTUP_GRACE_S"]`` ago (``started_at``, else ``status_since``):
+      the grace only excuses a worker that is not heartbeating yet (issue 9 §1.7);
+    - ``workers_starting``: running instances inside the grace whose worker is not live yet;
     - instances map to rows by ``machine_name`` (``CURIO_NODE_NAME``), never ``host_and_port``;
     - ``workers_live``: expected instances whose row is live and not cordoned;
       ``workers_cordoned``: live and ``unschedulable`` (draining, not dead);
@@ -388,17 +390,16 @@ class HarmonyDemandSource:
         """The worker fields of the reading (see the class docstring)."""
         grace = timedelta(seconds=settings.WARDEN["STARTUP_GRACE_S"])
         now = clock.now()
-        expected_insts = []
-        for inst in instances:
-            if getattr(inst, "killed_at", None) is not None or inst.status != "running":
-                continue
+        running = [i for i in instances if getattr(i, "killed_at", None) is None and i.status == "running"]
+
+        def in_grace(inst) -> bool:
             since = inst.started_at or inst.status_since
-            if since is None or since > now - grace:
-                continue
-            expected_insts.append(inst)
+            return since is None or since > now - grace
+
         if details is None:  # names unknown: no instance can be matched to a row
-            return {"workers_expected": len(expected_insts), "workers_live": None, "workers_dead": None,
-                    "workers_cordoned": None, "workers": {}, "unmatched": None}
+            starting = sum(1 for i in running if in_grace(i))
+            return {"workers_expected": len(running) - starting, "workers_live": None, "workers_dead": None,
+                    "workers_cordoned": None, "workers_starting": starting, "workers": {}, "unmatched": None}
 
         detail_of = {d["machine_id"]: d for d in details}
         workers: dict[str, WorkerView] = {}
@@ -433,10 +434,15 @@ class HarmonyDemandSource:
                 "owned_tasks": owned.get(m["id"], 0),
             })
 
-        live = cordoned = norow = 0
-        for inst in expected_insts:
+        expected = live = cordoned = norow = starting = 0
+        for inst in running:
             name = inst.worker_name or inst.external_id
             view = workers.get(name)
+            # the grace only excuses a worker not heartbeating yet: a live one is live (issue 9 §1.7)
+            if in_grace(inst) and not (view is not None and view.live):
+                starting += 1
+                continue
+            expected += 1
             if view is None:
                 workers[name] = WorkerView(name=name, live=False)
                 norow += 1
@@ -457,12 +463,12 @@ class HarmonyDemandSource:
                 view = workers.get(inst.worker_name or inst.external_id)
                 if view is not None and view.machine_id is None:
                     view.owned_tasks = maybe_owned
-        expected = len(expected_insts)
         return {
             "workers_expected": expected,
             "workers_live": live,
             "workers_cordoned": cordoned,
             "workers_dead": expected - live - cordoned - unnamed_live,
+            "workers_starting": starting,
             "workers": workers,
             "unmatched": unmatched,
         }
