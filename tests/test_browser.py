@@ -49,11 +49,13 @@ class TestConsoleInABrowser(FleetBrowserTestCase):
 
                 page.click("text=Trigger observe cycle now")
                 page.wait_for_selector("#controls >> text=observe cycle queued")
-                assert page.query_selector("#run-1") is None  # no worker yet: nothing has run
+                # no worker yet: the asked-for cycle waits as a queued run, nothing has run
+                page.wait_for_selector("#runs #run-1 .status-queued")
+                assert page.query_selector("#runs #run-1 .status-done") is None
 
-                # only now a worker takes the task; the run can reach the page only over the socket
+                # only now a worker takes the task; its end can reach the page only over the socket
                 self.start_celery_worker()
-                page.wait_for_selector("#runs #run-1", timeout=60_000)
+                page.wait_for_selector("#runs #run-1 .status-done", timeout=60_000)
                 row = page.inner_text("#runs #run-1")
                 assert "operator" in row
                 assert page.evaluate("window.__noReload") == "still here"

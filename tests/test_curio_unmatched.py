@@ -97,7 +97,7 @@ def test_the_observation_lists_unmatched_rows_with_their_host_and_port(curio):  
 
 
 def test_a_rowless_instance_may_own_the_tasks_of_a_live_unnamed_row_so_its_stop_needs_an_operator(curio):  # noqa: F811
-    from agent.guards import check
+    from agent.lifecycle import forced_approval
     from agent.observe import read_and_record_demand
     from agent.policy import effective_limits, effective_policy
 
@@ -107,8 +107,9 @@ def test_a_rowless_instance_may_own_the_tasks_of_a_live_unnamed_row_so_its_stop_
     insts = instances()
     w = World(insts, read_and_record_demand(insts), effective_limits(), effective_policy())
 
-    refusal = check("stop_instance", {"instance_id": "vast-102", "reason": "idle"}, "key-1", w,
-                    override={"demand_guard", "hold_off"})
+    args = {"instance_id": "vast-102", "reason": "idle"}
 
     assert w.demand.workers["vast-102"].owned_tasks == 1 and not w.demand.workers["vast-102"].live
-    assert refusal is not None and refusal.code == "owned_tasks"
+    # not a live worker's tasks (no owned_tasks refusal), but a dead worker's: forced approval
+    assert "still owns 1 task" in forced_approval("stop_instance", args, w)
+    assert "still owns" in forced_approval("destroy_instance", args, w)

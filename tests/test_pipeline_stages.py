@@ -251,20 +251,21 @@ def test_near_miss_a_tool_that_returns_is_ok_true():
 
 # --- observation: truncation ---------------------------------------------------------------
 def test_oversized_observation_is_cut_head_and_tail_with_the_removed_count():
-    payload = {"log": "A" * 3000 + "MIDDLE" + "Z" * 7000}
+    # "x", not "A": a run of 64+ hex digits is a secret shape (fleet/secrets.py) and is redacted
+    payload = {"log": "x" * 3000 + "MIDDLE" + "Z" * 7000}
     text = "ok: true\n" + json.dumps(payload, sort_keys=True)
     with extra_tool("big", lambda ctx, args: payload), rails_world() as w:
         run = w.cycle([{"tool": "big", "args": {}}, verdict()])
     (step,) = calls(run)
     removed = len(text) - 4000
     assert f"[… {removed} characters removed …]" in step.observation
-    assert step.observation.startswith("ok: true\n{\"log\": \"AAA")
+    assert step.observation.startswith("ok: true\n{\"log\": \"xxx")
     assert step.observation.endswith("ZZZ\"}")
     assert "MIDDLE" not in step.observation
 
 
 def test_near_miss_an_observation_under_the_limit_is_whole():
-    payload = {"log": "A" * 3000}
+    payload = {"log": "x" * 3000}
     with extra_tool("big", lambda ctx, args: payload), rails_world() as w:
         run = w.cycle([{"tool": "big", "args": {}}, verdict()])
     (step,) = calls(run)

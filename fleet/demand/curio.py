@@ -311,7 +311,7 @@ class HarmonyDemandSource:
 
         machines = self._fetch("harmony_machines", lambda: list(
             HarmonyMachine.objects.using(u).annotate(age=_age("last_contact"))
-            .values("id", "host_and_port", "unschedulable", "age").order_by("id")
+            .values("id", "host_and_port", "unschedulable", "last_contact", "age").order_by("id")
         ), probe, unreadable)
         task_groups = self._fetch("harmony_task", lambda: list(
             HarmonyTask.objects.using(u).values("owner_id", "name")
@@ -413,6 +413,7 @@ class HarmonyDemandSource:
                 unschedulable=bool(m["unschedulable"]),
                 owned_tasks=owned.get(m["id"], 0),
                 machine_id=m["id"],
+                last_contact=m["last_contact"],
             )
 
         ours = {i.worker_name or i.external_id for i in instances if getattr(i, "killed_at", None) is None}
