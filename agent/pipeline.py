@@ -305,7 +305,7 @@ def park(tc, d: Decision) -> Approval:
         idempotency_key=d.key,
         created_at=now,
         expires_at=now + timedelta(minutes=tc.limits.approval_expiry_min),
-        situation=situation(tc.world, d.args),
+        situation={**situation(tc.world, d.args), **({"forced": d.forced} if d.forced else {})},
     )
     why = f"; forced: {d.forced}" if d.forced else ""
     _finish(d.step, "parked", "approval_required",

@@ -49,6 +49,19 @@ class Sizing:
         return len(self.resume) + self.launches
 
 
+#: workers' worth of rate ignored before rounding up (measured proof times jitter by a few ms)
+SIZING_SLACK = 0.05
+
+
+def draining(inst, world) -> bool:
+    """Whether ``inst`` is cordoned (Warden's record, or Curio's ``unschedulable`` on its worker):
+    it finishes what it owns and takes no new work, so it is not capacity for sizing."""
+    if getattr(inst, "cordoned", False):
+        return True
+    w = world.worker_for(inst)
+    return bool(w is not None and w.unschedulable)
+
+
 def per_worker_rate(demand) -> float:
     """Proofs/hr one worker delivers: from the measured seconds per proof (``proof_s``, SCENARIOS.md
     Version 2) when known, else from the configured proof length (``WARDEN_PROOF_SECONDS``). Not
@@ -63,7 +76,8 @@ def sizing(world) -> Sizing:
     """Rule 1 on ``world``: with work queued (queued + backlog), keep
     ``min(cap, work, max(1, ceil(target / per-worker rate)))`` instances. Capacity counts running
     and pending instances that are not terminal, not being destroyed (``destroy_unconfirmed`` is
-    neither capacity nor forgotten) and not starving (SCENARIOS.md "starvation"). Also the
+    neither capacity nor forgotten), not starving (SCENARIOS.md "starvation") and not cordoned
+    (draining). ``target / rate`` is rounded up after ignoring ``SIZING_SLACK`` of a worker. Also the
     dispatch-time check of a parked launch or resume (``no_longer_needed``)."""
     d, lim = world.demand, world.limits
     terminal = [
@@ -74,11 +88,13 @@ def sizing(world) -> Sizing:
         i for i in world.instances
         if i.killed_at is None and i not in terminal and i.destroy_requested_at is None
         and (i.status == "running" or i.status in PENDING_STATUSES) and not starving(i, world)
+        and not draining(i, world)
     ]
     work = (d.queued or 0) + (getattr(d, "backlog", 0) or 0) if d.state == "ok" else 0
     if not work:
         return Sizing(0, active, terminal, [], 0, "P1")
-    want = max(1, math.ceil((lim.target_proofs_hr or 0) / per_worker_rate(d)))
+    # the slack keeps a measured 20.006 s proof from asking for a third worker where 2.0006 are due
+    want = max(1, math.ceil((lim.target_proofs_hr or 0) / per_worker_rate(d) - SIZING_SLACK))
     desired = min(lim.max_instances, work, want)
     need = max(0, desired - len(active))
     stopped = [
