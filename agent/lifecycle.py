@@ -53,6 +53,8 @@ def is_terminal(inst, world) -> tuple[bool, str]:
     """Whether ``inst`` is terminal (retiring it is a replacement, not a scale-down), with why.
 
     SCENARIOS.md "terminal instances": only when its worker is not live (:func:`worker_live`) and
+    (the status rules never apply to one we stopped, intended ``stopped``: it is resumed, not
+    destroyed, whatever status the provider shows — issue 9)
     - its provider status is ``error``;
     - it is ``exited`` while its intended status is ``running`` (one we stopped is resumed);
     - it has been ``unknown``/``offline`` longer than ``offline_grace_min``;
@@ -62,7 +64,9 @@ def is_terminal(inst, world) -> tuple[bool, str]:
     if inst.killed_at is not None or worker_live(inst, world):
         return False, ""
     lim, now = world.limits, clock.now()
-    status = inst.status
+    # one we stopped is resumed, not destroyed, whatever status the provider shows (issue 9): only
+    # the machine's own evidence (the diagnosis rule below) makes it terminal
+    status = None if inst.intended_status == "stopped" else inst.status
     if status == "error":
         return True, "provider status error"
     if status == "exited" and (inst.intended_status or "running") == "running":
@@ -72,7 +76,7 @@ def is_terminal(inst, world) -> tuple[bool, str]:
         if since > lim.offline_grace_min:
             return True, f"provider status {status} for {since:.0f} min (grace {lim.offline_grace_min:g} min)"
         return False, ""
-    if status in PENDING_STATUSES and now - inst.status_since > timedelta(minutes=lim.provisioning_limit_min):
+    if status is not None and status in PENDING_STATUSES and now - inst.status_since > timedelta(minutes=lim.provisioning_limit_min):
         return True, f"stuck {status or 'provisioning'} past {lim.provisioning_limit_min:g} min"
     d = world.fresh_diagnosis(inst)
     if d is not None and d.health == "failed" and d.fault_class == "host" and from_machine(d):

@@ -22,23 +22,6 @@ from agent.replay import ScenarioFileError, flat_calls, load_scenario, public_re
 
 ROOT = Path(__file__).resolve().parent.parent
 OURS = sorted((ROOT / "tests" / "scenarios").glob("*.json"))
-#: files whose expectation needs a reason code the runtime does not emit yet: they must fail
-#: until it does (then the mark lifts itself, because the code appears in the agent's source)
-NEEDS_CODE = {"stale-launch-approval": "no_longer_needed"}
-
-
-def _emitted(code: str) -> bool:
-    """Whether any module of the agent emits ``code`` (a quoted literal in agent/*.py, replay aside)."""
-    return any(f'"{code}"' in p.read_text() for p in (ROOT / "agent").glob("*.py")
-               if p.name not in ("replay.py", "scenario_file.py"))
-
-
-def _param(path: Path):
-    code = NEEDS_CODE.get(path.stem)
-    if code and not _emitted(code):
-        return pytest.param(path, id=path.stem, marks=pytest.mark.xfail(
-            strict=True, reason=f"needs the {code!r} refusal, which no agent module emits yet"))
-    return pytest.param(path, id=path.stem)
 CODES = [
     "max_steps", "same_error", "identical_args", "text_only_spiral", "forbidden_tool", "forged_observation",
     "wall_clock", "token_budget", "three_strikes", "unknown_tool", "invalid_args", "rate_limited", "tool_timeout",
@@ -51,7 +34,7 @@ def _codes_in(report: dict) -> set[str]:
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("path", [_param(p) for p in OURS])
+@pytest.mark.parametrize("path", OURS, ids=[p.stem for p in OURS])
 def test_scenario_replays_ok(path):
     sc, raw = load_scenario(path)
     report = run_scenario(sc, raw, path=str(path))

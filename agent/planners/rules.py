@@ -25,8 +25,9 @@ from datetime import timedelta
 from django.conf import settings
 
 from agent.guards import last_launch_at
-from agent.lifecycle import from_machine, is_terminal, recent_rejection, starving
+from agent.lifecycle import from_machine, is_terminal, recent_rejection, starving, worker_live
 from agent.planners.base import Planner, Proposal, Turn
+from agent.policy import policy_for
 from fleet.clock import clock
 from fleet.models import PENDING_STATUSES
 
@@ -75,7 +76,7 @@ def per_worker_rate(demand) -> float:
 def sizing(world) -> Sizing:
     """Rule 1 on ``world``: with work queued (queued + backlog), keep
     ``min(cap, work, max(1, ceil(target / per-worker rate)))`` instances. Capacity counts running
-    and pending instances that are not terminal, not being destroyed (``destroy_unconfirmed`` is
+    and pending instances (and any whose worker is live, whatever the provider says) that are not terminal, not being destroyed (``destroy_unconfirmed`` is
     neither capacity nor forgotten), not starving (SCENARIOS.md "starvation") and not cordoned
     (draining). ``target / rate`` is rounded up after ignoring ``SIZING_SLACK`` of a worker. Also the
     dispatch-time check of a parked launch or resume (``no_longer_needed``)."""
@@ -87,7 +88,7 @@ def sizing(world) -> Sizing:
     active = [
         i for i in world.instances
         if i.killed_at is None and i not in terminal and i.destroy_requested_at is None
-        and (i.status == "running" or i.status in PENDING_STATUSES) and not starving(i, world)
+        and (i.status == "running" or i.status in PENDING_STATUSES or worker_live(i, world)) and not starving(i, world)
         and not draining(i, world)
     ]
     work = (d.queued or 0) + (getattr(d, "backlog", 0) or 0) if d.state == "ok" else 0
@@ -104,6 +105,13 @@ def sizing(world) -> Sizing:
     ]
     resume = stopped[:need]
     return Sizing(desired, active, terminal, resume, need - len(resume), "P0" if not d.workers_live else "P1")
+
+
+def allowed(calls: list[Proposal], world) -> list[Proposal]:
+    """``calls`` without those the policy table forbids: the built-in planner never proposes a
+    forbidden tool (that would halt the run with ``forbidden_tool`` and abort the launch batched
+    with it, starving the queue while the operator only meant "not that")."""
+    return [p for p in calls if policy_for(p.tool, p.args, world.policy) != "forbidden"]
 
 
 def _verdict(action: bool, changed: bool) -> str:
@@ -170,7 +178,7 @@ class RulesPlanner(Planner):
             if world.fresh_diagnosis(inst) is None:
                 calls.append(Proposal("diagnose_instance", {"instance_id": inst.external_id}))
         seen, unique = set(), []
-        for p in calls:
+        for p in allowed(calls, world):
             k = (p.tool, str(sorted((p.args or {}).items())))
             if p.tool == "launch_instance" or k not in seen:  # several identical launches are wanted
                 seen.add(k)
@@ -198,6 +206,7 @@ class RulesPlanner(Planner):
                     "instance_id": inst.external_id,
                     "reason": f"worker heartbeat dead; {diag.health} ({diag.fault_class or 'no class'}): {diag.cause}",
                 }))
+        calls = allowed(calls, world)
         d = world.demand
         if calls and d.state == "ok" and d.queued and not d.workers_live:
             # proposed, not done: each call still passes the guards and policy, and the outcome
@@ -221,6 +230,7 @@ class RulesPlanner(Planner):
                     "instance_id": inst.external_id,
                     "reason": f"idle: queue empty past the {world.limits.dwell_min:g} min dwell; diagnosed healthy",
                 }))
+        calls = allowed(calls, world)
         return Turn(calls=calls, batch=len(calls) > 1)
 
     def next_turn(self, ctx) -> Turn | None:
