@@ -258,6 +258,14 @@ class HistoryEntry(_Strict):
     def _side_effect_tool(cls, v):
         return _known_tool(v, "history records calls of Warden's tools")
 
+    @model_validator(mode="after")
+    def _names_its_instance(self):
+        from agent.tools import TOOLS
+
+        if self.instance is None and TOOLS[self.tool].instance_arg:
+            raise FieldProblem("instance", f"{self.tool} acts on one instance; name it (an id of fleet)")
+        return self
+
 
 class CallSpec(_Strict):
     """One call inside a parallel batch."""
@@ -483,8 +491,16 @@ def _alert_kinds(v):
     return v
 
 
+#: SCENARIOS.md "Matching expect": the outcomes each call list holds (``parked`` holds any final outcome)
+LIST_OUTCOMES = {"executed": ("executed", "approved_executed"), "refused": ("refused", "halted"), "errored": ("error",)}
+
+
 class ExpectSpec(_Strict):
-    """What must hold after the replay (SCENARIOS.md "Matching expect" and Version 2)."""
+    """What must hold after the replay (SCENARIOS.md "Matching expect" and Version 2).
+
+    Every name is checked (tools, reason codes, halt codes, alert kinds, statuses, operations),
+    and an item's ``outcome`` must be one its list can hold; raises ``ValueError`` naming it.
+    """
 
     executed: list[CallExpect] | None = None
     refused: list[RefusedExpect] | None = None
@@ -518,6 +534,17 @@ class ExpectSpec(_Strict):
     @classmethod
     def _known_alerts(cls, v):
         return _alert_kinds(v)
+
+    @model_validator(mode="after")
+    def _outcomes_fit_their_list(self):
+        for key, outcomes in LIST_OUTCOMES.items():
+            for n, item in enumerate(getattr(self, key) or []):
+                if item.outcome is not None and item.outcome not in outcomes:
+                    raise FieldProblem(
+                        f"{key}[{n}].outcome",
+                        f"{key} holds calls whose outcome is {' or '.join(outcomes)}, never {item.outcome!r}",
+                    )
+        return self
 
 
 def check_objectives(v: dict) -> dict:

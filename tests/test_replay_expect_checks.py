@@ -135,6 +135,28 @@ def test_a_decision_naming_an_unknown_tool_is_a_file_error(tmp_path):
     assert msg.startswith("timeline[0].operator.decisions[0].tool: unknown tool 'stopinstance' (did you mean 'stop_instance'?)")
 
 
+# --- outcomes ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("key, outcome, allowed", [
+    ("executed", "refused", "executed or approved_executed"),
+    ("refused", "approved_executed", "refused or halted"),
+    ("errored", "executed", "error"),
+])
+def test_an_outcome_its_list_never_holds_is_a_file_error(tmp_path, key, outcome, allowed):
+    msg = _refused(tmp_path, expect={key: [{"tool": "stop_instance"}, {"tool": "stop_instance", "outcome": outcome}]})
+    assert msg == f"expect.{key}[1].outcome: {key} holds calls whose outcome is {allowed}, never {outcome!r}"
+
+
+def test_outcomes_a_list_holds_are_accepted(tmp_path):
+    expect = {"executed": [{"tool": "stop_instance", "outcome": "approved_executed"}],
+              "refused": [{"tool": "stop_instance", "outcome": "halted"}],
+              "errored": [{"tool": "list_instances", "outcome": "error"}],
+              "parked": [{"tool": "stop_instance", "outcome": "rejected"}, {"tool": "stop_instance", "outcome": "refused"}]}
+    sc, _ = load_scenario(_file(tmp_path, expect=expect))
+    assert [e.outcome for e in sc.expect.parked] == ["rejected", "refused"]
+
+
 # --- the command: exit 2, one line, never 1 ------------------------------------------------------
 
 

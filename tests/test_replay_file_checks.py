@@ -320,6 +320,12 @@ def test_history_naming_an_instance_outside_the_fleet_is_refused(tmp_path, state
                    '(with "listed": false if the provider no longer lists it)')
 
 
+@pytest.mark.parametrize("tool", ["stop_instance", "destroy_instance", "reboot_instance", "resume_instance", "diagnose_instance"])
+def test_history_of_a_tool_acting_on_an_instance_must_name_it(tmp_path, tool):
+    msg = _refused(tmp_path, json.dumps(_variant(lambda d: d.update(history=[{"min_ago": 5, "tool": tool}]))))
+    assert msg == f"history[0].instance: {tool} acts on one instance; name it (an id of fleet)"
+
+
 def test_history_about_an_instance_gone_before_now_names_its_fleet_entry(tmp_path):
     # gone before now: our database keeps its row, the provider no longer lists it
     gone = {"id": "v-90", "actual_status": "exited", "intended_status": "destroyed", "listed": False}
