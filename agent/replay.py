@@ -21,6 +21,7 @@ from datetime import timedelta
 from agent.scenario_file import (  # noqa: F401 — the file format is re-exported for callers of replay
     ALERT_KINDS,
     HALT_CODES,
+    REASON_CODES,
     CallExpect,
     ExpectSpec,
     Moment,

@@ -11,23 +11,39 @@ path such as ``fleet[3].dph``) and the problem; never a traceback, never a guess
 - unknown keys are errors; no string or boolean is coerced to a number (``"0.45"``, ``true``);
 - ranges: ``now`` in the years 2000–2100; minutes and ages finite and at most
   :data:`MAX_MINUTES`; counts at most :data:`MAX_COUNT`; at most :data:`MAX_FLEET` fleet entries
-  and :data:`agent.pipeline.MAX_BATCH_CALLS` calls in a ``parallel`` step.
+  and :data:`agent.pipeline.MAX_BATCH_CALLS` calls in a ``parallel`` step;
+- ``now`` carries a time zone; ids (fleet, offers, history, timeline) hold no control characters;
+- a step is one kind of turn (``text`` beside a call is refused, as ``args`` beside
+  ``raw_arguments``); ``history`` names only instances of ``fleet``;
+- names in ``expect`` are known: tools, reason codes (:data:`REASON_CODES`, the one list), halt
+  codes, alert kinds, statuses, operations — a typo exits 2, it never turns into a mismatch.
 
 Source: SCENARIOS.md (first paragraph, "File", "Version 2"); issue 11 §1.9.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import re
 import stat
+import unicodedata
 from collections import Counter
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from agent.pipeline import MAX_BATCH_CALLS
 
@@ -43,9 +59,22 @@ Minutes = Annotated[float, Field(ge=0, le=MAX_MINUTES, allow_inf_nan=False)]
 Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 Money = Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False)]
 
-#: SCENARIOS.md: the codes that halt a run, and the alert kinds
-HALT_CODES = {"max_steps", "same_error", "identical_args", "text_only_spiral", "forbidden_tool", "forged_observation",
-              "wall_clock", "token_budget", "three_strikes"}
+#: SCENARIOS.md "Reason codes" (and docs/replay.md's table): every code a call or a run may carry,
+#: mapped to whether it halts the run. The one list: ``expect`` may name no other code.
+REASON_CODES: dict[str, bool] = {
+    "max_steps": True, "same_error": True, "identical_args": True, "text_only_spiral": True,
+    "forbidden_tool": True, "observe_only": False, "batch_too_large": False, "forged_observation": True,
+    "wall_clock": True, "token_budget": True, "three_strikes": True, "unknown_tool": False,
+    "invalid_args": False, "rate_limited": False, "tool_timeout": False, "aborted_before_dispatch": False,
+    "owned_host": False, "demand_guard": False, "owned_tasks": False, "hold_off": False,
+    "launch_pending": False, "instance_cap": False, "budget_cap": False, "priority_required": False,
+    "diagnosis_required": False, "in_flight": False, "duplicate": False, "target_gone": False,
+    "rejected_recently": False, "no_longer_needed": False, "outcome_unknown": False, "stale_claim": False,
+    "approval_required": False, "rejected": False, "expired": False,
+}
+#: the codes that halt a run
+HALT_CODES = {code for code, halts in REASON_CODES.items() if halts}
+#: SCENARIOS.md "Alert kinds"
 ALERT_KINDS = {"workers_dead", "demand_unknown", "provider_error", "prompt_injection", "breaker_tripped",
                "destroy_unconfirmed", "stuck_provisioning", "budget", "escalation", "stale_claim", "instance_exited",
                "planner_fallback"}
@@ -64,6 +93,56 @@ OBJECTIVE_KEYS = {"target_proofs_hr", "max_instances", "max_dph", "dwell_min", "
 #: limits whose value is a list of numbers
 LIST_LIMITS = {"launch_rate", "repeat_reminders"}
 LIFECYCLE_KEYS = {"offline_grace_min", "provisioning_limit_min", "claim_max_age_min", "rejection_hold_min", "starve_min"}
+
+
+def _unknown(what: str, value: str, known, why: str) -> ValueError:
+    """A ``ValueError`` naming an unknown ``value``, the closest known spelling, and ``why`` it matters."""
+    close = difflib.get_close_matches(str(value), sorted(known), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return ValueError(f"unknown {what} {_clip(value, 40)!r}{hint}; {why}")
+
+
+def _known_tool(tool: str, why: str = "a typo here would make the expectation always hold") -> str:
+    from agent.tools import PUBLIC_TOOLS
+
+    if tool not in PUBLIC_TOOLS:
+        raise _unknown("tool", tool, PUBLIC_TOOLS, why)
+    return tool
+
+
+def _known_reason(reason: str | list[str] | None) -> str | list[str] | None:
+    """A reason code (or a non-empty list of them) of :data:`REASON_CODES`; ``ValueError`` naming the unknown one."""
+    if isinstance(reason, list) and not reason:
+        raise ValueError("an empty list accepts no reason code; give one code or several")
+    for code in reason if isinstance(reason, list) else [] if reason is None else [reason]:
+        if code not in REASON_CODES:
+            raise _unknown("reason code", code, REASON_CODES, 'the codes are those of docs/replay.md "Reason codes"')
+    return reason
+
+
+#: control characters (C0, DEL, C1), format characters (zero-width, bidi overrides), line and
+#: paragraph separators and lone surrogates: never part of an instance or offer id
+_UNPRINTABLE = {"Cc", "Cf", "Cs", "Zl", "Zp"}
+
+
+def _printable_id(v: str) -> str:
+    for n, ch in enumerate(v):
+        if unicodedata.category(ch) in _UNPRINTABLE:
+            raise ValueError(f"holds the control character U+{ord(ch):04X} at position {n}; an id is printable text")
+    return v
+
+
+#: an instance or offer id: 1 to 64 printable characters
+Ident = Annotated[str, Field(min_length=1, max_length=64), AfterValidator(_printable_id)]
+
+
+class FieldProblem(ValueError):
+    """A problem found across fields, raised inside a model validator with the key path it concerns
+    (``where``, e.g. ``history[2].instance``); :func:`load_scenario` reports it at that path."""
+
+    def __init__(self, where: str, message: str):
+        super().__init__(message)
+        self.where = where
 
 
 class ScenarioFileError(Exception):
@@ -107,7 +186,7 @@ class FleetEntry(_Strict):
     database has a row but the provider does not list it (SCENARIOS.md Version 2).
     """
 
-    id: str = Field(min_length=1, max_length=64)
+    id: Ident
     provider: Literal["vastai", "ssh", "local", "scenario"] = "vastai"
     actual_status: ProviderStatus = "running"
     intended_status: Literal["running", "stopped", "destroyed"] = "running"
@@ -134,7 +213,7 @@ class FleetEntry(_Strict):
 class Offer(_Strict):
     """One offer ``search_offers`` / ``launch_instance`` can find (an integer ``id`` is read as its digits)."""
 
-    id: str
+    id: Ident
     gpu_name: str = Field(default="", max_length=64)
     dph: Money = 0.0
     machine_id: Count | None = None
@@ -171,17 +250,21 @@ class HistoryEntry(_Strict):
 
     min_ago: Minutes
     tool: str
-    instance: str | None = Field(default=None, max_length=64)
+    instance: Ident | None = None
     state: Literal["done", "claimed"] = "done"
 
     @field_validator("tool")
     @classmethod
     def _side_effect_tool(cls, v):
-        from agent.tools import PUBLIC_TOOLS
+        return _known_tool(v, "history records calls of Warden's tools")
 
-        if v not in PUBLIC_TOOLS:
-            raise ValueError(f"unknown tool {v!r}")
-        return v
+    @model_validator(mode="after")
+    def _names_its_instance(self):
+        from agent.tools import TOOLS
+
+        if self.instance is None and TOOLS[self.tool].instance_arg:
+            raise FieldProblem("instance", f"{self.tool} acts on one instance; name it (an id of fleet)")
+        return self
 
 
 class CallSpec(_Strict):
@@ -208,8 +291,11 @@ class Usage(_Strict):
 class StepSpec(_Strict):
     """One model turn: a ``tool`` call, a ``parallel`` batch, ``text`` only, or a ``tool_result``.
 
-    A ``tool_result`` step may name the ``tool`` whose result the model forged. ``usage`` (the
-    model's reported tokens for the turn) is optional. A batch holds at most 16 calls.
+    Exactly one kind per step (SCENARIOS.md "Fields": "text only"): ``text`` beside a call, a
+    batch or a ``tool_result`` is refused, as are ``args`` beside ``raw_arguments`` — the script
+    planner would play one and drop the other. A ``tool_result`` step may name the ``tool`` whose
+    result the model forged. ``usage`` (the model's reported tokens for the turn) is optional. A
+    batch holds at most 16 calls. Raises ``ValueError`` naming the keys that clash.
     """
 
     tool: str | None = None
@@ -222,12 +308,14 @@ class StepSpec(_Strict):
 
     @model_validator(mode="after")
     def _one_kind(self):
-        kinds = [k for k in ("tool", "parallel", "tool_result") if k in self.model_fields_set]
-        if kinds == ["tool", "tool_result"]:
-            kinds = ["tool_result"]
+        kinds = [k for k in ("tool", "parallel", "text", "tool_result") if k in self.model_fields_set]
+        if kinds[:1] == ["tool"] and "tool_result" in kinds:
+            kinds.remove("tool")  # a tool_result may name the tool whose result it forges
         if len(kinds) > 1:
-            raise ValueError(f"a step is one of tool, parallel, text or tool_result; this one has {', '.join(kinds)}")
-        if not kinds and self.text is None:
+            raise ValueError(
+                f"a step is one of tool, parallel, text or tool_result (one model turn); this one has {', '.join(kinds)}"
+            )
+        if not kinds or (kinds[0] != "tool_result" and getattr(self, kinds[0]) is None):
             raise ValueError("a step needs tool, parallel, text or tool_result")
         if (self.args is not None or self.raw_arguments is not None) and (self.tool is None or "tool_result" in kinds):
             raise ValueError("args/raw_arguments belong to a tool step")
@@ -247,6 +335,11 @@ class Decision(_Strict):
     args: dict[str, Any] | None = None
     decision: Literal["approve", "reject", "none"]
     comment: str = ""
+
+    @field_validator("tool")
+    @classmethod
+    def _parks(cls, v):
+        return None if v is None else _known_tool(v, "only Warden's tools park for an operator")
 
     @model_validator(mode="after")
     def _named(self):
@@ -300,7 +393,7 @@ class TimelineFleetEntry(_Strict):
     """A change to one instance at the provider: the fields given change; a new id appears;
     ``gone: true`` removes it from the provider's list. ``worker`` changes Curio's view of it."""
 
-    id: str = Field(min_length=1, max_length=64)
+    id: Ident
     provider: Literal["vastai", "ssh", "local", "scenario"] | None = None
     actual_status: ProviderStatus | None = None
     intended_status: Literal["running", "stopped", "destroyed"] | None = None
@@ -320,6 +413,11 @@ class TimelineDecision(_Strict):
     args: dict[str, Any] | None = None
     decision: Literal["approve", "reject"]
     comment: str = ""
+
+    @field_validator("tool")
+    @classmethod
+    def _parks(cls, v):
+        return _known_tool(v, "only Warden's tools park for an operator")
 
 
 class TimelineOperator(_Strict):
@@ -344,13 +442,46 @@ class Moment(_Strict):
 
 class CallExpect(_Strict):
     """An expected call: matches when every field given agrees (``args``: the keys given agree;
-    ``reason``: one code or a list of accepted codes)."""
+    ``reason``: one code of :data:`REASON_CODES` or a non-empty list of accepted codes).
 
-    tool: str | None = None
+    ``tool`` must be one of Warden's tools: no call of another can be executed, parked or
+    errored, so a typo would only ever show up as a mismatch. Raises ``ValueError`` naming the
+    unknown tool or code.
+    """
+
+    #: whether a tool Warden lacks may be named (with reason ``unknown_tool``; see RefusedExpect)
+    unknown_tool_expected: ClassVar[bool] = False
+
+    # reason comes before tool: the tool check reads it
     args: dict[str, Any] | None = None
     reason: str | list[str] | None = None
     actor: Literal["agent", "monitor"] | None = None
     outcome: Literal["executed", "approved_executed", "refused", "parked", "rejected", "expired", "error", "halted"] | None = None
+    tool: str | None = None
+
+    @field_validator("reason")
+    @classmethod
+    def _known_codes(cls, v):
+        return _known_reason(v)
+
+    @field_validator("tool")
+    @classmethod
+    def _tool_known(cls, v, info: ValidationInfo):
+        if v is None:
+            return v
+        reason = info.data.get("reason")
+        if cls.unknown_tool_expected and "unknown_tool" in (reason if isinstance(reason, list) else [reason]):
+            return v  # the model may call a tool that does not exist; that refusal is expected by name
+        why = ("a tool Warden lacks is expected refused only with reason 'unknown_tool'" if cls.unknown_tool_expected
+               else "Warden has no such tool, so this expectation could only fail")
+        return _known_tool(v, why)
+
+
+class RefusedExpect(CallExpect):
+    """An expected refusal: as :class:`CallExpect`, and a tool Warden lacks may be named when the
+    ``reason`` says ``unknown_tool`` (the model calling a tool that does not exist)."""
+
+    unknown_tool_expected: ClassVar[bool] = True
 
 
 def _alert_kinds(v):
@@ -360,11 +491,19 @@ def _alert_kinds(v):
     return v
 
 
+#: SCENARIOS.md "Matching expect": the outcomes each call list holds (``parked`` holds any final outcome)
+LIST_OUTCOMES = {"executed": ("executed", "approved_executed"), "refused": ("refused", "halted"), "errored": ("error",)}
+
+
 class ExpectSpec(_Strict):
-    """What must hold after the replay (SCENARIOS.md "Matching expect" and Version 2)."""
+    """What must hold after the replay (SCENARIOS.md "Matching expect" and Version 2).
+
+    Every name is checked (tools, reason codes, halt codes, alert kinds, statuses, operations),
+    and an item's ``outcome`` must be one its list can hold; raises ``ValueError`` naming it.
+    """
 
     executed: list[CallExpect] | None = None
-    refused: list[CallExpect] | None = None
+    refused: list[RefusedExpect] | None = None
     parked: list[CallExpect] | None = None
     errored: list[CallExpect] | None = None
     never_executed: list[str] | None = None
@@ -380,24 +519,32 @@ class ExpectSpec(_Strict):
     @field_validator("never_executed")
     @classmethod
     def _known_tools(cls, v):
-        from agent.tools import PUBLIC_TOOLS
-
         for tool in v or []:
-            if tool not in PUBLIC_TOOLS:
-                raise ValueError(f"unknown tool {tool!r}; a typo here would make the expectation always hold")
+            _known_tool(tool)
         return v
 
     @field_validator("halt")
     @classmethod
     def _known_halt(cls, v):
         if v is not None and v not in HALT_CODES:
-            raise ValueError(f"unknown halt code {v!r}; use one of {', '.join(sorted(HALT_CODES))}")
+            raise _unknown("halt code", v, HALT_CODES, f"use one of {', '.join(sorted(HALT_CODES))}")
         return v
 
     @field_validator("alerts", "alerts_any", "no_alerts")
     @classmethod
     def _known_alerts(cls, v):
         return _alert_kinds(v)
+
+    @model_validator(mode="after")
+    def _outcomes_fit_their_list(self):
+        for key, outcomes in LIST_OUTCOMES.items():
+            for n, item in enumerate(getattr(self, key) or []):
+                if item.outcome is not None and item.outcome not in outcomes:
+                    raise FieldProblem(
+                        f"{key}[{n}].outcome",
+                        f"{key} holds calls whose outcome is {' or '.join(outcomes)}, never {item.outcome!r}",
+                    )
+        return self
 
 
 def check_objectives(v: dict) -> dict:
@@ -467,11 +614,11 @@ class Scenario(_Strict):
     @field_validator("now")
     @classmethod
     def _aware(cls, v: datetime) -> datetime:
-        from datetime import UTC
-
         if not 2000 <= v.year <= 2100:
             raise ValueError(f"must lie between the years 2000 and 2100 (got year {v.year})")
-        return v if v.tzinfo else v.replace(tzinfo=UTC)
+        if v.tzinfo is None or v.utcoffset() is None:
+            raise ValueError("has no time zone; end it with Z (UTC) or an offset such as +02:00")
+        return v
 
     @field_validator("objectives")
     @classmethod
@@ -497,6 +644,16 @@ class Scenario(_Strict):
         dup = [i for i, n in Counter(ids).items() if n > 1]
         if dup:
             raise ValueError(f"fleet ids repeat: {', '.join(dup[:5])}")
+        # history is about the starting fleet: an instance gone before now is still a fleet entry,
+        # with "listed": false (our database has its row, the provider no longer lists it)
+        known = set(ids)
+        for n, h in enumerate(self.history):
+            if h.instance is not None and h.instance not in known:
+                raise FieldProblem(
+                    f"history[{n}].instance",
+                    f"{_clip(h.instance)!r} is not in fleet; add it there (with \"listed\": false if the provider "
+                    "no longer lists it)",
+                )
         if self.planner == "script" and self.steps is None:
             raise ValueError("planner 'script' needs steps")
         if self.planner == "rules" and self.steps is not None:
@@ -597,21 +754,36 @@ def _too_deep(text: str, limit: int = MAX_DEPTH) -> bool:
     return False
 
 
-def _first_bad(obj, where: str = "") -> tuple[str, str] | None:
-    """The key path and problem of the first refused value inside ``obj`` (depth is bounded)."""
+_SURROGATE = re.compile("[\ud800-\udfff]")
+#: a ``\\uD800``–``\\uDFFF`` escape in the text: only then can a parsed string hold a lone surrogate
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_NOT_TEXT = "holds a lone UTF-16 surrogate escape (\\ud800-\\udfff), which is not text; write a valid pair or the character"
+
+
+def _first_bad(obj, where: str = "", surrogates: bool = False) -> tuple[str, str] | None:
+    """The key path and problem of the first refused value inside ``obj`` (depth is bounded).
+
+    ``surrogates``: also look for strings (keys included) holding a lone surrogate, which no
+    database or terminal can store or print.
+    """
     if isinstance(obj, _Bad):
         return where or "(top level)", obj.why
+    if isinstance(obj, str):
+        return (where or "(top level)", _NOT_TEXT) if surrogates and _SURROGATE.search(obj) else None
     if isinstance(obj, dict):
         if isinstance(obj, _Pairs):
             key = obj.repeated[0]
             return where or "(top level)", f"key {_clip(key)!r} appears twice; a key may be given once"
         for k, v in obj.items():
-            found = _first_bad(v, f"{where}.{_clip(k)}" if where else _clip(k))
+            at = f"{where}.{_clip(k)}" if where else _clip(k)
+            if surrogates and _SURROGATE.search(k):
+                return at, "the key " + _NOT_TEXT
+            found = _first_bad(v, at, surrogates)
             if found:
                 return found
     elif isinstance(obj, list):
         for n, v in enumerate(obj):
-            found = _first_bad(v, f"{where}[{n}]")
+            found = _first_bad(v, f"{where}[{n}]", surrogates)
             if found:
                 return found
     return None
@@ -655,7 +827,7 @@ def read_json(path: str | Path) -> Any:
         raise ScenarioFileError(f"{path}: not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
     except (ValueError, RecursionError) as exc:
         raise ScenarioFileError(f"{path}: not JSON: {_clip(exc, 120)}") from None
-    bad = _first_bad(raw)
+    bad = _first_bad(raw, surrogates=bool(_SURROGATE_ESCAPE.search(text)))
     if bad:
         raise ScenarioFileError(f"{path}: {bad[0]}: {bad[1]}")
     return raw
@@ -674,6 +846,15 @@ def _loc(loc: tuple) -> str:
 def _strip_validator_loc(loc: tuple) -> tuple:
     # pydantic puts union/function markers in loc (e.g. 'function-after[...]'); keep real keys
     return tuple(p for p in loc if not (isinstance(p, str) and ("[" in p and "]" in p)))
+
+
+def _where(err: dict) -> str:
+    """The key path of one pydantic error (a :class:`FieldProblem` names its own, below the model's)."""
+    at = _loc(_strip_validator_loc(err["loc"]))
+    problem = (err.get("ctx") or {}).get("error")
+    if isinstance(problem, FieldProblem):
+        return problem.where if at == "(top level)" else f"{at}.{problem.where}"
+    return at
 
 
 def _message(err: dict) -> str:
@@ -700,7 +881,7 @@ def load_scenario(path: str | Path) -> tuple[Scenario, dict]:
         sc = Scenario.model_validate(raw)
     except ValidationError as exc:
         errors = exc.errors()
-        problems = [f"{_loc(_strip_validator_loc(e['loc']))}: {_message(e)}" for e in errors[:MAX_PROBLEMS]]
+        problems = [f"{_where(e)}: {_message(e)}" for e in errors[:MAX_PROBLEMS]]
         more = f"; and {len(errors) - MAX_PROBLEMS} more" if len(errors) > MAX_PROBLEMS else ""
         raise ScenarioFileError(f"{path}: " + "; ".join(problems) + more) from None
     return sc, raw

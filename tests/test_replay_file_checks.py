@@ -240,3 +240,132 @@ def test_the_command_exits_2_with_one_line(tmp_path, text, problem):
     path = tmp_path / "bad.json"
     path.write_text(text)
     _exits_2(path, problem)
+
+
+# --- one kind per step -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("step, kinds", [
+    ({"tool": "get_demand", "args": {}, "text": "checking demand"}, "tool, text"),
+    ({"parallel": [{"tool": "get_demand", "args": {}}], "text": "both at once"}, "parallel, text"),
+    ({"tool_result": "all fine", "text": "see above"}, "text, tool_result"),
+    ({"tool": "get_demand", "parallel": [{"tool": "get_demand"}]}, "tool, parallel"),
+])
+def test_a_step_holding_two_kinds_is_refused(tmp_path, step, kinds):
+    msg = _refused(tmp_path, json.dumps(_variant(lambda d: d.update(steps=[step]))))
+    assert msg == f"steps[0]: a step is one of tool, parallel, text or tool_result (one model turn); this one has {kinds}"
+
+
+def test_args_beside_raw_arguments_is_refused_like_text_beside_a_call(tmp_path):
+    step = {"tool": "get_demand", "args": {}, "raw_arguments": "{}"}
+    assert "steps[0]: give either args or raw_arguments, not both" in _refused(
+        tmp_path, json.dumps(_variant(lambda d: d.update(steps=[step]))))
+    call = {"parallel": [{"tool": "get_demand", "args": {}, "raw_arguments": "{}"}]}
+    assert "steps[0].parallel[0]: give either args or raw_arguments, not both" in _refused(
+        tmp_path, json.dumps(_variant(lambda d: d.update(steps=[call]))))
+
+
+def test_each_single_kind_of_step_is_accepted(tmp_path):
+    steps = [{"tool": "get_demand", "args": {}}, {"tool": "list_instances", "raw_arguments": "{\"stat"},
+             {"parallel": [{"tool": "get_demand"}]}, {"text": "thinking"},
+             {"tool": "list_instances", "tool_result": "forged"}]  # a tool_result may name its tool
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(_variant(lambda d: d.update(steps=steps))))
+    assert len(load_scenario(path)[0].steps) == 5
+
+
+# --- ids, now, history ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("char", ["\x00", "\x1f", "\n", "\x7f", "\x85", "\u200b", "\u202e", "\u2028"])
+def test_an_id_with_a_control_character_is_refused(tmp_path, char):
+    bad = f"v{char}x"
+    code = f"U+{ord(char):04X}"
+    cases = [
+        (lambda d: d["fleet"][0].update(id=bad), "fleet[0].id"),
+        (lambda d: d.update(offers=[{"id": bad, "gpu_name": "RTX 4090", "dph": 0.4}]), "offers[0].id"),
+        (lambda d: d.update(timeline=[{"at_min": 5, "fleet": [{"id": bad}]}]), "timeline[0].fleet[0].id"),
+        (lambda d: d.update(history=[{"min_ago": 5, "tool": "stop_instance", "instance": bad}]), "history[0].instance"),
+    ]
+    for mutate, where in cases:
+        msg = _refused(tmp_path, json.dumps(_variant(mutate)))
+        assert msg == f"{where}: holds the control character {code} at position 1; an id is printable text", msg
+
+
+def test_printable_ids_are_accepted(tmp_path):
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(_variant(lambda d: d["fleet"][0].update(id="gpu-Zürich 7"))))
+    assert load_scenario(path)[0].fleet[0].id == "gpu-Zürich 7"
+
+
+@pytest.mark.parametrize("now", ["2026-06-09T16:50:00", "2026-06-09 16:50", "2026-06-09"])
+def test_now_without_a_time_zone_is_refused(tmp_path, now):
+    msg = _refused(tmp_path, json.dumps(_variant(lambda d: d.update(now=now))))
+    assert msg == "now: has no time zone; end it with Z (UTC) or an offset such as +02:00"
+
+
+def test_now_with_an_offset_is_the_same_moment(tmp_path):
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(_variant(lambda d: d.update(now="2026-06-09T18:50:00+02:00"))))
+    path2 = tmp_path / "z.json"
+    path2.write_text(json.dumps(BASE))
+    assert load_scenario(path)[0].now == load_scenario(path2)[0].now
+
+
+@pytest.mark.parametrize("state", ["claimed", "done"])
+def test_history_naming_an_instance_outside_the_fleet_is_refused(tmp_path, state):
+    entry = {"min_ago": 5, "tool": "stop_instance", "instance": "v-999", "state": state}
+    msg = _refused(tmp_path, json.dumps(_variant(lambda d: d.update(history=[{"min_ago": 9, "tool": "launch_instance"}, entry]))))
+    assert msg == ("history[1].instance: 'v-999' is not in fleet; add it there "
+                   '(with "listed": false if the provider no longer lists it)')
+
+
+@pytest.mark.parametrize("tool", ["stop_instance", "destroy_instance", "reboot_instance", "resume_instance", "diagnose_instance"])
+def test_history_of_a_tool_acting_on_an_instance_must_name_it(tmp_path, tool):
+    msg = _refused(tmp_path, json.dumps(_variant(lambda d: d.update(history=[{"min_ago": 5, "tool": tool}]))))
+    assert msg == f"history[0].instance: {tool} acts on one instance; name it (an id of fleet)"
+
+
+def test_history_about_an_instance_gone_before_now_names_its_fleet_entry(tmp_path):
+    # gone before now: our database keeps its row, the provider no longer lists it
+    gone = {"id": "v-90", "actual_status": "exited", "intended_status": "destroyed", "listed": False}
+    history = [{"min_ago": 50, "tool": "destroy_instance", "instance": "v-90"},
+               {"min_ago": 40, "tool": "launch_instance"}]
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(_variant(lambda d: (d["fleet"].append(gone), d.update(history=history)))))
+    assert [h.instance for h in load_scenario(path)[0].history] == ["v-90", None]
+
+
+# --- text that is not text -----------------------------------------------------------------------
+
+
+def test_a_lone_surrogate_is_refused_wherever_it_is(tmp_path):
+    step = {"tool": "diagnose_instance", "args": {"instance_id": "SURROGATE"}}
+    text = json.dumps(_variant(lambda d: d.update(steps=[step]))).replace("SURROGATE", "v\\ud800")
+    assert _refused(tmp_path, text).startswith("steps[0].args.instance_id: holds a lone UTF-16 surrogate escape")
+    key = json.dumps(_variant(lambda d: d["steps"][0]["args"].update(KEY=1))).replace("KEY", "\\udc00")
+    assert "steps[0].args.\\udc00: the key holds a lone UTF-16 surrogate" in _refused(tmp_path, key)
+    pair = json.dumps(_variant(lambda d: d.update(about="SMILE"))).replace("SMILE", "\\ud83d\\ude00 fine")
+    path = tmp_path / "pair.json"
+    path.write_text(pair)
+    assert load_scenario(path)[0].about == "\U0001f600 fine"
+
+
+@pytest.mark.parametrize("mutate, problem", [
+    (lambda d: d["fleet"][0].update(id="v\u0000x"), "fleet[0].id: holds the control character U+0000"),
+    (lambda d: d.update(now="2026-06-09T16:50:00"), "now: has no time zone"),
+    (lambda d: d.update(history=[{"min_ago": 5, "tool": "stop_instance", "instance": "v-9", "state": "claimed"}]),
+     "history[0].instance: 'v-9' is not in fleet"),
+    (lambda d: d["steps"][0].update(text="and some words"), "steps[0]: a step is one of tool, parallel, text or tool_result"),
+])
+def test_the_command_exits_2_for_each_new_check(tmp_path, mutate, problem):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(_variant(mutate)))
+    _exits_2(path, f"replay: {path}: {problem}")
+
+
+def test_the_command_exits_2_for_a_lone_surrogate_it_once_crashed_on(tmp_path):
+    step = {"tool": "diagnose_instance", "args": {"instance_id": "SURROGATE"}}
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(_variant(lambda d: d.update(steps=[step]))).replace("SURROGATE", "\\ud800"))
+    _exits_2(path, f"replay: {path}: steps[0].args.instance_id: holds a lone UTF-16 surrogate escape")
