@@ -67,8 +67,12 @@ _KEY_NAMES = (  # factored by first letter; the lookahead before it lets most po
 #: not past a line end or a backslash, so an escaped quote in JSON text closes it too); unquoted, to
 #: the next whitespace or quote (``Tr0ub4dor&3`` is one value). Three groups, one of which matches.
 QUOTED_MAX = 256
+# an unquoted value that is itself the key of a pair ("passwd is password: X") is not the value: the
+# scan moves on and takes the inner pair whole
+# (possessive repeats: none of them can give back a character the next part needs)
+_NEXT_KEY = rf"(?:{_KEY_NAMES})[\w\-]{{0,40}}+(?:\\{{0,3}}+[\"'])?(?:[ \t]{{0,4}}+[:=]|[ \t]{{1,4}}+is[ \t])"
 _VALUE = (rf"(?:\\{{0,3}}\"(?P<dq>[^\"\\\n]{{1,{QUOTED_MAX}}}+)|\\{{0,3}}'(?P<sq>[^'\\\n]{{1,{QUOTED_MAX}}}+)"
-          r"|(?P<secret>[^\s\"'\\]{4,}))")
+          rf"|(?!{_NEXT_KEY})(?P<secret>[^\s\"'\\]{{4,}}))")
 _VALUE_GROUPS = ("dq", "sq", "secret")
 #: ``(name, pattern, the group that is the secret, or a tuple of groups of which one matched)``; each
 #: pattern is scanned on its own and the secret spans of all of them are merged, so one shape never
@@ -89,9 +93,10 @@ SHAPES = [
     ("aws_key_id", re.compile(_at_word_start(["AKIA", "ASIA"]) + r"[0-9A-Z]{16}(?![A-Za-z0-9])"), 0),
     ("google_key", re.compile(_at_word_start(["AIza"]) + rf"[{_K}]{{30,}}"), 0),
     ("jwt", re.compile(_at_word_start(["eyJ"], _K + ".") + rf"[{_K}]{{8,4096}}\.[{_K}]{{8,4096}}\.[{_K}]{{8,}}"), 0),
-    # key = value pairs whose key names a secret; quotes may be escaped (JSON inside a JSON string)
+    # key = value pairs whose key names a secret; quotes may be escaped (JSON inside a JSON string);
+    # the key's tail is possessive (what follows it is never a word character)
     ("keyed", re.compile(
-        rf"(?=[AaSsPpRrCc])(?P<key>(?:{_KEY_NAMES})[\w\-]{{0,40}})(?:\\{{0,3}}[\"'])?"
+        rf"(?=[AaSsPpRrCc])(?P<key>(?:{_KEY_NAMES})[\w\-]{{0,40}}+)(?:\\{{0,3}}[\"'])?"
         r"(?:[ \t]{0,4}(?:[:=]|=>)[ \t]{0,4}|[ \t]{1,4}is(?:[ \t]{0,4}:)?[ \t]{1,4})" + _VALUE, re.I), _VALUE_GROUPS),
     # command-line flags: --password X, --password=X, --api-key "X Y"
     ("flag", re.compile(_at_word_start(["--"], r"\w\-") + r"(?:password|passwd|passphrase|api-key|apikey|token|secret"
@@ -125,8 +130,8 @@ def secret_spans(text: str) -> list[tuple[int, int]]:
             part = group if not isinstance(group, tuple) else next(g for g in group if m.start(g) >= 0)
             start, end = m.span(part)
             if name == "pem":
-                if start < covered:
-                    continue  # a header inside a block already cut
+                if end <= covered:
+                    continue  # a header inside a block already cut (one that only starts in it is cut on its own)
                 stop = text.find("-----END", end)
                 if stop < 0:
                     end = len(text)
