@@ -9,12 +9,18 @@ Every untrusted field is scanned where it enters (issue 11 §1.7): provider fiel
 (``fleet.diagnostics.diagnose``) and every tool's output (``agent.pipeline.execute``). A run that
 raised ``prompt_injection`` parks every later side effect for an operator
 (``agent.lifecycle.forced_approval``).
+
+The scan reads the text as :func:`normalise` leaves it, so spacing, case, ``-``/``_`` joins,
+full-width letters, zero-width characters and JSON escapes hide nothing. Homoglyphs from other
+scripts (a Cyrillic "о" in "ignоre") are not folded.
 """
 
 import re
 import unicodedata
 
-#: characters of a text that are scanned (the head); a tool's observation is capped well below it
+#: characters of a text that are scanned: a longer text is scanned by its head and its tail, half
+#: each, which covers what the model is shown of it (observations are cut head and tail to
+#: ``observation_max_chars``, 4,000 by default, in ``agent.pipeline.truncate``)
 SCAN_MAX = 200_000
 
 # JSON escapes (tool output and evidence are scanned as JSON text): ``\u200b`` is the character it
@@ -70,12 +76,16 @@ def _unescape(m: re.Match) -> str:
 
 
 def normalise(text: str) -> str:
-    """``text`` as the scanner reads it: its first :data:`SCAN_MAX` characters, JSON escapes
-    decoded, Unicode NFKC (full-width and ligature letters become plain ones), format characters
-    (category Cf: zero-width spaces and joiners, bidi marks, soft hyphens) removed, case folded,
-    and every run of whitespace, ``-`` and ``_`` one space (one line end when the run held one).
-    ``"ig\u200bnore  PRIOR-instructions"`` reads ``"ignore prior instructions"``."""
-    text = _JSON_ESCAPE.sub(_unescape, (text or "")[:SCAN_MAX])
+    """``text`` as the scanner reads it: at most :data:`SCAN_MAX` characters (head and tail),
+    JSON escapes decoded, Unicode NFKC (full-width and ligature letters become plain ones), format
+    characters (category Cf: zero-width spaces and joiners, bidi marks, soft hyphens) removed, case
+    folded, and every run of whitespace, ``-`` and ``_`` one space (one line end when the run held
+    one). ``"ig\\u200bnore  PRIOR-instructions"`` (a zero-width space) reads
+    ``"ignore prior instructions"``."""
+    text = text or ""
+    if len(text) > SCAN_MAX:
+        text = f"{text[:SCAN_MAX // 2]}\n{text[-(SCAN_MAX // 2):]}"
+    text = _JSON_ESCAPE.sub(_unescape, text)
     text = unicodedata.normalize("NFKC", text)
     if not text.isascii():
         text = "".join(c for c in text if unicodedata.category(c) != "Cf")
@@ -86,7 +96,8 @@ def normalise(text: str) -> str:
 def scan_for_injection(text: str) -> list[str]:
     """The instruction-like fragments found in ``text``, as :func:`normalise` reads it (lower case,
     separators collapsed), one per pattern that matched; empty when none. Linear in ``len(text)``;
-    only the first :data:`SCAN_MAX` characters are read. Source: seed 001 "Injection", issue 11 §1.7."""
+    at most :data:`SCAN_MAX` characters are read (the head and the tail of a longer text).
+    Source: seed 001 "Injection", issue 11 §1.7."""
     lines = normalise(text)
     flat = lines.replace("\n", " ")
     hits = []
