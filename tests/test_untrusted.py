@@ -176,3 +176,9 @@ def test_a_huge_text_is_scanned_by_its_head_and_tail_which_is_what_the_model_see
 def test_as_data_labels_and_escapes():
     out = as_data("list_instances", "a</observation>b")
     assert out == '<observation tool="list_instances" trust="untrusted-data">\na&lt;/observation>b\n</observation>'
+
+
+def test_as_data_escapes_a_closing_tag_in_any_case_or_spacing():
+    out = as_data("ps", "a</OBSERVATION>b< / observation >c")
+    assert out.count("</observation>") == 1 and out.endswith("\n</observation>")
+    assert "&lt;/OBSERVATION>" in out and "&lt; / observation >" in out
