@@ -9,38 +9,113 @@ Every untrusted field is scanned where it enters (issue 11 §1.7): provider fiel
 (``fleet.diagnostics.diagnose``) and every tool's output (``agent.pipeline.execute``). A run that
 raised ``prompt_injection`` parks every later side effect for an operator
 (``agent.lifecycle.forced_approval``).
+
+The scan reads the text as :func:`normalise` leaves it, so spacing, case, ``-``/``_`` joins,
+full-width letters, zero-width characters and JSON escapes hide nothing. Homoglyphs from other
+scripts (a Cyrillic "о" in "ignоre") are not folded.
 """
 
 import re
+import unicodedata
 
-#: every pattern is bounded (no unbounded repeat before a part that can fail), so a scan is linear
-#: in the text: ``tests/test_regex_fuzz.py`` checks it
+#: characters of a text that are scanned: a longer text is scanned by its head and its tail, half
+#: each, which covers what the model is shown of it (observations are cut head and tail to
+#: ``observation_max_chars``, 4,000 by default, in ``agent.pipeline.truncate``)
+SCAN_MAX = 200_000
+
+# JSON escapes (tool output and evidence are scanned as JSON text): ``\u200b`` is the character it
+# names, ``\n`` a line end, so an escaped zero-width space or line start hides nothing
+_JSON_ESCAPE = re.compile(r"\\(?:u([0-9a-fA-F]{4})|([nrt]))")
+# whitespace and the separators ``-``/``_`` between words: a run is one space (one line end if it holds one)
+_SEPARATORS = re.compile(r"[\s\-_]+")
+_VERB = r"(?:ignore|disregard|forget|override|bypass|overrule)"
+_QUALIFIER = r"(?:all|any|of|the|your|my|its|these|those|previous|prior|above|earlier|preceding|former|original|system|safety)"
+_RULES = r"(?:instructions?|rules|prompts?|guidelines|directives|guardrails|programming|system prompt)"
+#: what a run of text must not say to the agent, written against :func:`normalise`'s output (lower
+#: case, one space between words, ``_``/``-`` read as a space). Every pattern is bounded (no unbounded
+#: repeat before a part that can fail), so a scan is linear in the text: ``tests/test_regex_fuzz.py``
+#: checks it, and ``tests/test_untrusted.py`` keeps the near misses that must not match.
 _INJECTION = [
-    re.compile(r"ignore (all |any )?(the )?(previous|prior|above|earlier) (instructions|rules|prompts?)", re.I),
-    re.compile(r"disregard (all |any )?(the )?(previous|prior|above|your) (instructions|rules|guidelines)", re.I),
-    re.compile(r"\byou are now\b", re.I),
-    re.compile(r"\b(new|updated) (system )?instructions?\s{0,8}:", re.I),
-    re.compile(r"\bsystem prompt\b", re.I),
-    re.compile(r"\b(assistant|agent|ai)\s{0,8}[,:]\s{0,8}(please\s{1,8})?(stop|destroy|delete|terminate|shut ?down|kill|send|email|dump|reveal)\b", re.I),
-    re.compile(r"\b(destroy|terminate|stop|delete) (all|every) (instances?|machines?|workers?|nodes?)\b", re.I),
-    re.compile(r"\b(reveal|print|dump|send|email|exfiltrate) (the |your )?(api[_ ]?keys?|secrets?|credentials|env(ironment)?( variables)?|passwords?)\b", re.I),
-    re.compile(r"<\s{0,8}/?\s{0,8}(system|tool_result|verdict)\s{0,8}>", re.I),
+    # "ignore all previous instructions", "forget your rules", "override the system prompt"
+    # (one qualifier at least: "loaded 3 override rules" and "--ignore-prompts" are not this)
+    re.compile(rf"\b{_VERB} (?:{_QUALIFIER} ){{1,3}}{_RULES}\b"),
+    re.compile(r"\byou are now (?:a|an|the|my|our|in [a-z]{1,20} mode|acting|operating|free|unrestricted|jailbroken"
+               r"|dan|root|admin|the fleet owner)\b"),
+    re.compile(r"\b(?:from now on|henceforth),? you (?:are|will|must|should)\b"),
+    re.compile(r"\b(?:new|updated) (?:system )?instructions? ?:"),
+    re.compile(r"\bsystem prompt\b"),
+    # role and turn markers of chat templates, and the tags that delimit data for the model
+    re.compile(r"<\|(?:im start|im end|system|user|assistant|endoftext|eot id|start header id|end header id)\|>"),
+    re.compile(r"\[/?inst\]|<</?sys>>"),
+    re.compile(r"< ?/? ?(?:system|observation|tool result|tool call|verdict|instructions|function calls?) ?>"),
+    re.compile(r"< ?/ ?(?:assistant|user) ?>"),
+    re.compile(r"\b(?:assistant|agent|ai) ?[,:] ?(?:please )?(?:stop|destroy|delete|terminate|shut ?down|kill|send|email"
+               r"|dump|reveal)\b"),
+    re.compile(r"\b(?:destroy|terminate|stop|delete|kill|shut down|wipe|remove) (?:all|every|each) (?:of )?(?:the |your )?"
+               r"(?:instances?|machines?|workers?|nodes?|servers?|gpus?|containers?)\b"),
+    re.compile(r"\b(?:destroy|terminate|wipe) (?:everything|all$|all[;,.!]|the (?:whole |entire )?fleet)"),
+    re.compile(r"\b(?:reveal|print|dump|send|email|exfiltrate|leak) (?:the |your |all )?(?:api ?keys?|secrets?|credentials"
+               r"|env(?:ironment)?(?: variables)?|passwords?|tokens?|private keys?)\b"),
+    re.compile(r"\b(?:do not|don't|never) (?:ask|wait) for (?:approval|confirmation|permission)\b"),
+    re.compile(r"\b(?:bypass|skip) (?:the |any )?(?:approvals?|confirmations?|guards?)\b"),
+]
+#: a role speaking at a line or sentence start: "assistant: …", "SYSTEM: destroy …" (read line by
+#: line: these run on the normalised text with its line ends, the rest with each line end a space)
+_ROLE_AT_START = [
+    re.compile(r"(?:^|(?<=[\n.!?;>\]\"'(|])) ?(?:assistant|developer) ?:"),
+    re.compile(r"(?:^|(?<=[\n.!?;>\]\"'(|])) ?(?:system|admin|operator)(?: message| notice| override)? ?: ?(?:you|please|ignore"
+               r"|disregard|forget|override|new|updated|policy|instructions|agent|destroy|stop|terminate|delete|kill"
+               r"|launch|run|execute|send|email|reveal|print|dump|shut|call|approve|grant|from now)\b"),
 ]
 
 
+def _unescape(m: re.Match) -> str:
+    if m.group(1):
+        return chr(int(m.group(1), 16))
+    return "\n" if m.group(2) == "n" else " "
+
+
+def normalise(text: str) -> str:
+    """``text`` as the scanner reads it: at most :data:`SCAN_MAX` characters (head and tail),
+    JSON escapes decoded, Unicode NFKC (full-width and ligature letters become plain ones), format
+    characters (category Cf: zero-width spaces and joiners, bidi marks, soft hyphens) removed, case
+    folded, and every run of whitespace, ``-`` and ``_`` one space (one line end when the run held
+    one). ``"ig\\u200bnore  PRIOR-instructions"`` (a zero-width space) reads
+    ``"ignore prior instructions"``."""
+    text = text or ""
+    if len(text) > SCAN_MAX:
+        text = f"{text[:SCAN_MAX // 2]}\n{text[-(SCAN_MAX // 2):]}"
+    text = _JSON_ESCAPE.sub(_unescape, text)
+    text = unicodedata.normalize("NFKC", text)
+    if not text.isascii():
+        text = "".join(c for c in text if unicodedata.category(c) != "Cf")
+    text = text.casefold()
+    return _SEPARATORS.sub(lambda m: "\n" if "\n" in m.group() or "\r" in m.group() else " ", text)
+
+
 def scan_for_injection(text: str) -> list[str]:
-    """The instruction-like fragments found in ``text`` (empty when none)."""
+    """The instruction-like fragments found in ``text``, as :func:`normalise` reads it (lower case,
+    separators collapsed), one per pattern that matched; empty when none. Linear in ``len(text)``;
+    at most :data:`SCAN_MAX` characters are read (the head and the tail of a longer text).
+    Source: seed 001 "Injection", issue 11 §1.7."""
+    lines = normalise(text)
+    flat = lines.replace("\n", " ")
     hits = []
-    for pat in _INJECTION:
-        m = pat.search(text or "")
+    for pat, clean in [(p, flat) for p in _INJECTION] + [(p, lines) for p in _ROLE_AT_START]:
+        m = pat.search(clean)
         if m:
-            hits.append(m.group(0))
+            hits.append(m.group(0).strip())
     return hits
 
 
+#: a closing tag of the data block, however it is cased or spaced
+_CLOSE_OBSERVATION = re.compile(r"<(\s{0,8}/\s{0,8}observation)", re.I)
+
+
 def as_data(tool: str, observation: str) -> str:
-    """Wrap an observation for the model: clearly delimited, labelled untrusted."""
-    safe = (observation or "").replace("</observation", "&lt;/observation")
+    """Wrap an observation for the model: clearly delimited, labelled untrusted; a closing
+    ``</observation`` inside it (any case or spacing) is escaped so it cannot end the block early."""
+    safe = _CLOSE_OBSERVATION.sub(r"&lt;\1", observation or "")
     return f'<observation tool="{tool}" trust="untrusted-data">\n{safe}\n</observation>'
 
 

@@ -18,7 +18,10 @@ Which shapes are secrets (the one list; ``tests/secret_corpus.py`` holds an exam
 - the value of a pair whose key names a secret (api key, secret, password, passphrase, token,
   credential, private key), however it is written: ``password=X``, ``"api_key": "X"``,
   ``api key: X``, ``AWS_SECRET_ACCESS_KEY = X``, ``--password X`` and prose ``password is X``
-  (not when X is a plain word such as "required" or "incorrect");
+  (not when X is a plain word such as "required" or "incorrect"). A quoted X (``"…"`` or ``'…'``,
+  JSON-escaped or not) is secret up to its closing quote, spaces included, at most
+  :data:`QUOTED_MAX` characters and not past a line end; an unquoted X runs to the next whitespace
+  or quote, punctuation included (``Tr0ub4dor&3`` is one value);
 - a bare run of 64 or more hex digits (vast.ai API keys are 64 hex; so are raw private keys,
   ``0x``-prefixed or not), except a digest labelled ``sha256:``.
 
@@ -60,8 +63,20 @@ _KEY_NAMES = (  # factored by first letter; the lookahead before it lets most po
     r"|s(?:ecret|ession[ _\-]?token)|p(?:ass(?:word|wd|phrase)|wd|rivate[ _\-]?key)"
     r"|refresh[ _\-]?token|c(?:lient[ _\-]?secret|redentials?)"
 )
-#: ``(name, pattern, the group that is the secret)``; each pattern is scanned on its own and the
-#: secret spans of all of them are merged, so one shape never hides another
+#: the value of a keyed secret: quoted, up to its closing quote (at most :data:`QUOTED_MAX` characters,
+#: not past a line end or a backslash, so an escaped quote in JSON text closes it too); unquoted, to
+#: the next whitespace or quote (``Tr0ub4dor&3`` is one value). Three groups, one of which matches.
+QUOTED_MAX = 256
+# an unquoted value that is itself the key of a pair ("passwd is password: X") is not the value: the
+# scan moves on and takes the inner pair whole
+# (possessive repeats: none of them can give back a character the next part needs)
+_NEXT_KEY = rf"(?:{_KEY_NAMES})[\w\-]{{0,40}}+(?:\\{{0,3}}+[\"'])?(?:[ \t]{{0,4}}+[:=]|[ \t]{{1,4}}+is[ \t])"
+_VALUE = (rf"(?:\\{{0,3}}\"(?P<dq>[^\"\\\n]{{1,{QUOTED_MAX}}}+)|\\{{0,3}}'(?P<sq>[^'\\\n]{{1,{QUOTED_MAX}}}+)"
+          rf"|(?!{_NEXT_KEY})(?P<secret>[^\s\"'\\]{{4,}}))")
+_VALUE_GROUPS = ("dq", "sq", "secret")
+#: ``(name, pattern, the group that is the secret, or a tuple of groups of which one matched)``; each
+#: pattern is scanned on its own and the secret spans of all of them are merged, so one shape never
+#: hides another
 SHAPES = [
     # PEM private key header; redact() extends the span to the END line (or the end of the text)
     ("pem", re.compile(r"-----BEGIN[ A-Z0-9]{0,40}PRIVATE KEY-----"), 0),
@@ -78,15 +93,15 @@ SHAPES = [
     ("aws_key_id", re.compile(_at_word_start(["AKIA", "ASIA"]) + r"[0-9A-Z]{16}(?![A-Za-z0-9])"), 0),
     ("google_key", re.compile(_at_word_start(["AIza"]) + rf"[{_K}]{{30,}}"), 0),
     ("jwt", re.compile(_at_word_start(["eyJ"], _K + ".") + rf"[{_K}]{{8,4096}}\.[{_K}]{{8,4096}}\.[{_K}]{{8,}}"), 0),
-    # key = value pairs whose key names a secret; quotes may be escaped (JSON inside a JSON string)
+    # key = value pairs whose key names a secret; quotes may be escaped (JSON inside a JSON string);
+    # the key's tail is possessive (what follows it is never a word character)
     ("keyed", re.compile(
-        rf"(?=[AaSsPpRrCc])(?P<key>(?:{_KEY_NAMES})[\w\-]{{0,40}})(?:\\{{0,3}}[\"'])?"
-        r"(?:[ \t]{0,4}(?:[:=]|=>)[ \t]{0,4}|[ \t]{1,4}is(?:[ \t]{0,4}:)?[ \t]{1,4})(?:\\{0,3}[\"'])?"
-        r"(?P<secret>[^\s\"'&,;}<>\\]{4,})", re.I), "secret"),
-    # command-line flags: --password X, --api-key X
+        rf"(?=[AaSsPpRrCc])(?P<key>(?:{_KEY_NAMES})[\w\-]{{0,40}}+)(?:\\{{0,3}}[\"'])?"
+        r"(?:[ \t]{0,4}(?:[:=]|=>)[ \t]{0,4}|[ \t]{1,4}is(?:[ \t]{0,4}:)?[ \t]{1,4})" + _VALUE, re.I), _VALUE_GROUPS),
+    # command-line flags: --password X, --password=X, --api-key "X Y"
     ("flag", re.compile(_at_word_start(["--"], r"\w\-") + r"(?:password|passwd|passphrase|api-key|apikey|token|secret"
-                        r"|client-secret|access-token|auth-token)[ \t]{1,4}(?P<secret>[^\s\"'&,;}<>\-][^\s\"'&,;}<>]{3,})",
-                        re.I), "secret"),
+                        r"|client-secret|access-token|auth-token)(?:[ \t]{1,4}|=)(?=[^\-])" + _VALUE, re.I),
+     _VALUE_GROUPS),
     # bare hex of 64+ digits
     ("hex_key", re.compile(r"(?<![0-9A-Fa-f])(?<!sha256:)[0-9A-Fa-f]{64,}"), 0),
 ]
@@ -100,7 +115,7 @@ _NOT_VALUES = frozenset(
 def _not_a_secret(key: str, value: str) -> bool:
     """A keyed value that is kept: a plain word, a reference (``env:``/``file:``), the mark, or the
     value of a key that names where a secret lives (``password_file``, ``api_key_ref``)."""
-    return (value.lower().strip(".!") in _NOT_VALUES or value.startswith(("env:", "file:", MARK))
+    return (value.lower().strip(".!,;:)]}>") in _NOT_VALUES or value.startswith(("env:", "file:", MARK))
             or key.lower().endswith(("file", "ref", "path", "env", "_name")))
 
 
@@ -112,10 +127,11 @@ def secret_spans(text: str) -> list[tuple[int, int]]:
     for name, pattern, group in SHAPES:
         covered = 0
         for m in pattern.finditer(text):
-            start, end = m.span(group)
+            part = group if not isinstance(group, tuple) else next(g for g in group if m.start(g) >= 0)
+            start, end = m.span(part)
             if name == "pem":
-                if start < covered:
-                    continue  # a header inside a block already cut
+                if end <= covered:
+                    continue  # a header inside a block already cut (one that only starts in it is cut on its own)
                 stop = text.find("-----END", end)
                 if stop < 0:
                     end = len(text)
@@ -123,7 +139,7 @@ def secret_spans(text: str) -> list[tuple[int, int]]:
                     close = text.find("-----", stop + 8, stop + 80)
                     end = close + 5 if close >= 0 else stop + 8
                 covered = end
-            elif name in ("keyed", "flag") and _not_a_secret(m.groupdict().get("key") or "", m.group(group)):
+            elif name in ("keyed", "flag") and _not_a_secret(m.groupdict().get("key") or "", m.group(part)):
                 continue
             spans.append((start, end))
     spans.sort()

@@ -32,6 +32,42 @@ def test_ids_references_and_prose_are_not_redacted(name, text):
     assert redact(text) == text
 
 
+@pytest.mark.parametrize(("text", "expected"), [
+    # a quoted value is secret to its closing quote, and the quotes stay (JSON text stays JSON)
+    ('DB creds: {"password": "QuotedPw77xyz"} and password: "correct horse battery staple"',
+     'DB creds: {"password": "[REDACTED]"} and password: "[REDACTED]"'),
+    ('api_key="abc def ghi"', 'api_key="[REDACTED]"'),
+    ('my password is "hunter 2 secret"', 'my password is "[REDACTED]"'),
+    ("--password 'pale blue dot' -h db", "--password '[REDACTED]' -h db"),
+    ('{\\"password\\": \\"hunter two\\"}', '{\\"password\\": \\"[REDACTED]\\"}'),
+    # an unquoted value runs to the next whitespace, punctuation and all
+    ("passwd: Tr0ub4dor&3", "passwd: [REDACTED]"),
+    ("login?user=a&password=hunter2&next=/", "login?user=a&password=[REDACTED]"),
+    # a value that is itself a pair's key is not the value: the inner pair is cut whole
+    ("PASSWD IS passwd: Tr0ub4dor&3 ok", "PASSWD IS passwd: [REDACTED] ok"),
+    # a closed quote ends the secret; an unclosed one ends at the line end
+    ('password: "open quote\nnext line', 'password: "[REDACTED]\nnext line'),
+])
+def test_quoted_and_punctuated_values_are_redacted_whole(text, expected):
+    assert redact(text) == expected
+    assert redact(expected) == expected
+
+
+def test_a_quoted_value_is_cut_at_a_bounded_length():
+    from fleet.secrets import QUOTED_MAX
+
+    out = redact('password: "' + "x" * (QUOTED_MAX + 10))
+    assert out == 'password: "' + MARK + "x" * 10
+
+
+def test_a_pem_header_inside_an_earlier_cut_still_has_its_block_cut():
+    """An empty header whose END line runs into the next header must not hide the real block."""
+    from tests.secret_corpus import PEM_RSA
+
+    out = redact("-----BEGINPRIVATE KEY----------END " + PEM_RSA)
+    assert "MIIEowIBAAKCAQEAu1SU1LfVLPHCozMxH2Mo4lgOEePzNm0tRgeLezV6ffAt0gun" not in out
+
+
 def test_a_long_log_message_is_cut_before_it_is_redacted(caplog):
     """A 404 for a 1 MB path logs ``LOG_CAP`` characters of it, and a secret at the cut is caught whole."""
     from fleet.secrets import LOG_CAP
