@@ -197,9 +197,10 @@ def score_turn(tc, turn) -> tuple[list[Decision], Halt | None]:
             continue
         dec.key = idempotency_key(tc.run.number, tc.turn_index, pos, p.tool, args)
         step.idempotency_key = dec.key
-        if too_large:
+        if too_large:  # refused whole: only the checks before it in SCENARIOS.md's order may speak first
             refusal = duplicate_refusal(p.tool, args, dec.key, batch_prior=passed) or Refusal(
                 "batch_too_large", f"a parallel batch of {len(turn.calls)} calls; at most {MAX_BATCH_CALLS} per turn, nothing in it ran")
+            passed.append((p.tool, args))
         else:
             refusal = guard_check(p.tool, args, dec.key, tc.world, batch_prior=passed, actor=tc.actor)
         if refusal is not None:

@@ -1,18 +1,15 @@
 """Scenario replay: run one scenario file through the real observe cycle and report from its rows.
 
-Contract: ``../shared/SCENARIOS.md``. :func:`load_scenario` validates a file (unknown keys are
-errors: :class:`ScenarioFileError`, one line naming the file and the key path).
+Format: ``docs/replay.md`` (checked by ``agent.scenario_file``, re-exported here).
 :func:`run_scenario` sets up the world in the *current* database (the ``replay`` management
 command points that at a throwaway SQLite file first; tests use pytest's test database), routes
 ``get_provider()`` and the demand source to the file's fleet and demand, swaps in a virtual clock
 that starts at the file's ``now``, runs ``agent.loop.run_cycle`` (the entry point the Celery task
-calls), answers parked approvals as the file's ``operator`` says, resumes, and builds the report
-from the Run, Step, Approval and Alert rows that cycle wrote. :func:`match_expect` compares a
-report with the file's ``expect`` ("Matching expect" in SCENARIOS.md).
-
-File-format extension (documented in the README): ``objectives`` may also name any runtime limit
-of ``agent.policy.DEFAULT_LIMITS`` (``wall_clock_s``, ``token_budget``, ``max_steps``...) and the
-rule numbers ``dwell_min``, ``hold_off_min``, ``startup_grace_s``; other keys are still errors.
+calls), answers parked approvals as the file's ``operator`` says and resumes, then plays each
+``timeline`` moment (clock, demand, fleet, objectives, operator decisions dispatched at once, a
+heartbeat cycle unless ``run`` is ``none``) — :class:`Replay`. The report is built from the Run,
+Step, Approval and Alert rows those cycles wrote, plus the provider's final fleet and request
+counts. :func:`match_expect` compares a report with the file's ``expect``.
 """
 
 from __future__ import annotations
@@ -142,13 +139,15 @@ def setup_world(sc: Scenario, provider) -> None:
 
 def file_policy(policy: dict) -> dict:
     """The file's ``policy`` as overrides: naming ``TOOL`` replaces the product's default for every
-    key of that tool the file does not name (``launch_instance: approval`` also covers ``:P0``)."""
+    priority key of that tool the file does not name (``launch_instance: approval`` also covers
+    ``:P0``). ``TOOL:monitor`` keys are left alone: the monitor keeps its own default unless the
+    file names that key (``forbidden`` on ``TOOL`` binds it anyway, in the pipeline)."""
     from agent.policy import DEFAULT_POLICY
 
     out = dict(policy)
     for key in DEFAULT_POLICY:
         tool, _, qual = key.partition(":")
-        if qual and tool in policy and key not in policy:
+        if qual and qual != "monitor" and tool in policy and key not in policy:
             out[key] = policy[tool]
     return out
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 from collections import Counter
 from datetime import datetime
@@ -60,6 +61,8 @@ OPERATIONS = ("launch", "stop", "resume", "reboot", "destroy", "list", "search")
 #: objective keys beyond the runtime limits of ``agent.policy.DEFAULT_LIMITS``
 OBJECTIVE_KEYS = {"target_proofs_hr", "max_instances", "max_dph", "dwell_min", "hold_off_min", "startup_grace_s"}
 #: lifecycle numbers a file may set (SCENARIOS.md terminal instances, claims, rejections, starvation)
+#: limits whose value is a list of numbers
+LIST_LIMITS = {"launch_rate", "repeat_reminders"}
 LIFECYCLE_KEYS = {"offline_grace_min", "provisioning_limit_min", "claim_max_age_min", "rejection_hold_min", "starve_min"}
 
 
@@ -108,10 +111,10 @@ class FleetEntry(_Strict):
     provider: Literal["vastai", "ssh", "local", "scenario"] = "vastai"
     actual_status: ProviderStatus = "running"
     intended_status: Literal["running", "stopped", "destroyed"] = "running"
-    status_msg: str = ""
+    status_msg: str = Field(default="", max_length=10_000)
     age_min: Minutes = 60
     status_age_min: Minutes | None = None
-    gpu_name: str = ""
+    gpu_name: str = Field(default="", max_length=64)
     dph: Money = 0.0
     worker: WorkerSpec | None = None
     diagnosed_min_ago: Minutes | None = None
@@ -132,7 +135,7 @@ class Offer(_Strict):
     """One offer ``search_offers`` / ``launch_instance`` can find (an integer ``id`` is read as its digits)."""
 
     id: str
-    gpu_name: str = ""
+    gpu_name: str = Field(default="", max_length=64)
     dph: Money = 0.0
     machine_id: Count | None = None
 
@@ -301,9 +304,9 @@ class TimelineFleetEntry(_Strict):
     provider: Literal["vastai", "ssh", "local", "scenario"] | None = None
     actual_status: ProviderStatus | None = None
     intended_status: Literal["running", "stopped", "destroyed"] | None = None
-    status_msg: str | None = None
+    status_msg: str | None = Field(default=None, max_length=10_000)
     age_min: Minutes | None = None
-    gpu_name: str | None = None
+    gpu_name: str | None = Field(default=None, max_length=64)
     dph: Money | None = None
     worker: WorkerSpec | None = None
     ssh: SshSpec | None = None
@@ -411,6 +414,8 @@ def check_objectives(v: dict) -> dict:
     for key, value in v.items():
         if key not in allowed:
             raise ValueError(f"unknown objective {key!r}; known: {', '.join(sorted(allowed))}")
+        if isinstance(value, list) and key not in LIST_LIMITS:
+            raise ValueError(f"objective {key!r} must be a number, not a list")
         numbers = value if isinstance(value, list) else [value]
         for x in numbers:
             if isinstance(x, bool) or not isinstance(x, int | float):
@@ -569,24 +574,25 @@ def _constant(name: str):
     return _Bad(f"{name} is not a JSON number; give a finite number")
 
 
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_BRACKET = re.compile(r"[\[\]{}]")
+
+
 def _too_deep(text: str, limit: int = MAX_DEPTH) -> bool:
-    """Whether brackets nest deeper than ``limit`` (strings skipped); one pass, no recursion."""
-    depth, in_str, esc = 0, False, False
-    for ch in text:
-        if in_str:
-            if esc:
-                esc = False
-            elif ch == "\\":
-                esc = True
-            elif ch == '"':
-                in_str = False
-        elif ch == '"':
-            in_str = True
-        elif ch in "[{":
+    """Whether brackets nest deeper than ``limit`` (brackets inside strings do not count).
+
+    Linear: strings are cut out by an unrolled pattern (no backtracking), then only the bracket
+    characters are walked; no recursion, whatever the input.
+    """
+    if text.count("[") + text.count("{") <= limit:
+        return False
+    depth = 0
+    for m in _BRACKET.finditer(_STRING.sub("", text)):
+        if m.group() in "[{":
             depth += 1
             if depth > limit:
                 return True
-        elif ch in "]}":
+        else:
             depth -= 1
     return False
 

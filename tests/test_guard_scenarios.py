@@ -5,9 +5,9 @@ Every ``guard-*``, ``order-*``, ``terminal-*`` and ``rules-*`` file in tests/sce
 virtual clock) and must meet its ``expect``. On top of that:
 
 - ``guard-<code>.json`` must carry ``<code>`` in its report and ``guard-<code>-near-miss.json`` must not
-  (codes of SCENARIOS.md section "Reason codes": the guards and the approval outcomes);
+  (codes of docs/replay.md "Reason codes": the guards and the approval outcomes);
 - ``order-<a>-beats-<b>.json``: the first call reports ``a``, ``a`` comes before ``b`` in the order
-  SCENARIOS.md lists, and the same file with ``a``'s condition removed reports ``b`` (both applied);
+  docs/replay.md lists, and the same file with ``a``'s condition removed reports ``b`` (both applied);
 - what the file format cannot express is driven here with the replay's own pieces
   (:func:`agent.replay.isolated`, :func:`agent.replay.setup_world`, ``run_cycle``): ``in_flight`` (a
   side effect claimed and never finished, seeded as a row), ``expired`` (the virtual clock moved past
@@ -36,7 +36,8 @@ from agent.replay import (
 from tests.test_replay_cases import ROOT, _codes_in
 
 SCENARIOS = ROOT / "tests" / "scenarios"
-CONTRACT = ROOT.parent / "shared" / "SCENARIOS.md"
+#: the project's own statement of the refusal order (docs/replay.md, between the refusal-order marks)
+CONTRACT = ROOT / "docs" / "replay.md"
 MINE = sorted(p for p in SCENARIOS.glob("*.json") if p.stem.split("-")[0] in {"guard", "order", "terminal", "rules"})
 
 #: section 3 of the issue: the guards' codes and the approval outcomes
@@ -76,9 +77,9 @@ def _code_of(path: Path) -> str | None:
 
 
 def _contract_order() -> list[str]:
-    """The refusal order SCENARIOS.md states ("the first in this order is reported")."""
+    """The refusal order docs/replay.md states ("the first one of this order is the one reported")."""
     text = CONTRACT.read_text()
-    para = text.split("the first in this order is reported:", 1)[1].split("New codes", 1)[0]
+    para = text.split("<!-- refusal-order -->", 1)[1].split("<!-- /refusal-order -->", 1)[0]
     return re.findall(r"`([a-z_]+)`", para)
 
 
@@ -134,7 +135,7 @@ def test_every_guard_code_has_a_scenario_and_a_near_miss():
             assert f"{_stem(code)}-near-miss" in names, code
     order = _contract_order()
     for code in GUARD_CODES[:11]:
-        assert code in order, f"{code} is not in SCENARIOS.md's refusal order"
+        assert code in order, f"{code} is not in the refusal order of docs/replay.md"
 
 
 # ------------------------------------------------------------------------------------------------

@@ -1,4 +1,7 @@
-"""Every scenario in ../shared/cases/ and tests/scenarios/ replays with every expectation holding.
+"""Every scenario in tests/scenarios/ replays with every expectation holding.
+
+tests/scenarios/ holds the project's own files and copies of the cases the tests rely on
+(``seed00*``, ``stale-launch-approval``), so a clone with nothing beside it tests the same.
 
 Each file runs in-process through :func:`agent.replay.run_scenario` (the real cycle, on the test
 database, the scenario provider and a virtual clock); the command itself — throwaway SQLite
@@ -18,8 +21,24 @@ import pytest
 from agent.replay import ScenarioFileError, flat_calls, load_scenario, public_report, run_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
-SHARED = sorted((ROOT.parent / "shared" / "cases").glob("*.json"))
 OURS = sorted((ROOT / "tests" / "scenarios").glob("*.json"))
+#: files whose expectation needs a reason code the runtime does not emit yet: they must fail
+#: until it does (then the mark lifts itself, because the code appears in the agent's source)
+NEEDS_CODE = {"stale-launch-approval": "no_longer_needed"}
+
+
+def _emitted(code: str) -> bool:
+    """Whether any module of the agent emits ``code`` (a quoted literal in agent/*.py, replay aside)."""
+    return any(f'"{code}"' in p.read_text() for p in (ROOT / "agent").glob("*.py")
+               if p.name not in ("replay.py", "scenario_file.py"))
+
+
+def _param(path: Path):
+    code = NEEDS_CODE.get(path.stem)
+    if code and not _emitted(code):
+        return pytest.param(path, id=path.stem, marks=pytest.mark.xfail(
+            strict=True, reason=f"needs the {code!r} refusal, which no agent module emits yet"))
+    return pytest.param(path, id=path.stem)
 CODES = [
     "max_steps", "same_error", "identical_args", "text_only_spiral", "forbidden_tool", "forged_observation",
     "wall_clock", "token_budget", "three_strikes", "unknown_tool", "invalid_args", "rate_limited", "tool_timeout",
@@ -32,7 +51,7 @@ def _codes_in(report: dict) -> set[str]:
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("path", SHARED + OURS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", [_param(p) for p in OURS])
 def test_scenario_replays_ok(path):
     sc, raw = load_scenario(path)
     report = run_scenario(sc, raw, path=str(path))
@@ -98,15 +117,16 @@ def _command(*args):
 
 
 def test_the_command_prints_json_and_exits_0(tmp_path):
-    path = SHARED[0] if SHARED else OURS[0]
+    path = ROOT / "tests" / "scenarios" / "seed002-all-workers-dead.json"
     proc = _command(path, "--json")
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
-    assert set(report) == {"name", "ok", "steps", "alerts", "halt", "verdict", "final_report", "mismatches"}
+    assert set(report) == {"name", "ok", "steps", "alerts", "halt", "verdict", "final_report", "mismatches",
+                           "final_fleet", "provider_requests", "cycles"}
     assert report["ok"] is True and report["mismatches"] == []
     for entry in report["steps"]:
         for call in entry.get("calls", [entry]):
-            assert {"i", "actor", "tool", "args", "outcome", "reason", "detail"} <= set(call)
+            assert {"i", "cycle", "actor", "tool", "args", "outcome", "reason", "detail"} <= set(call)
 
 
 def test_the_command_exits_1_listing_the_mismatches(tmp_path):
@@ -120,3 +140,26 @@ def test_the_command_exits_1_listing_the_mismatches(tmp_path):
     assert "halt: expected None, got 'identical_args'" in proc.stdout
     assert "executed: expected 2 search_offers, got 1" in proc.stdout
     assert proc.stdout.rstrip().endswith("FAILED")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_example_in_docs_replay_md_replays_ok(tmp_path):
+    # the format's documentation shows a file; it must be one the replay accepts and passes
+    doc = (ROOT / "docs" / "replay.md").read_text()
+    example = doc.split("## A file", 1)[1].split("```json", 1)[1].split("```", 1)[0]
+    path = tmp_path / "example.json"
+    path.write_text(example)
+    sc, raw = load_scenario(path)
+    report = run_scenario(sc, raw, path=str(path))
+    assert report["mismatches"] == [], json.dumps(public_report(report), indent=1, default=str)
+    assert sc.timeline and report["final_fleet"] == {"v-102": "stopped"}
+
+
+def test_no_test_and_no_readme_example_reads_beside_the_project():
+    # a clone has no shared folder beside it: what the tests and the README use lives inside the project
+    beside = ["../" + "shared", 'parent / "' + 'shared"']  # spelled apart so this file does not match itself
+    for path in [*(ROOT / "tests").glob("*.py"), ROOT / "docs" / "replay.md"]:
+        text = path.read_text()
+        assert not any(b in text for b in beside), path
+    examples = (ROOT / "README.md").read_text().split("```")[1::2]  # the fenced blocks
+    assert examples and not any(b in block for block in examples for b in beside)

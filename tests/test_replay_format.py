@@ -1,4 +1,4 @@
-"""Scenario replay's file format, report shape and ``expect`` matching (../shared/SCENARIOS.md).
+"""Scenario replay's file format, report shape and ``expect`` matching (docs/replay.md).
 
 The scenario provider, demand source and SSH runner are exercised directly; the report builder
 and matcher read hand-made Run/Step/Approval/Alert rows, exactly as a cycle would write them.
@@ -68,8 +68,8 @@ def variant(**changes) -> dict:
 # --- validation ------------------------------------------------------------------------------
 
 
-def test_the_shared_cases_validate():
-    for path in sorted((ROOT.parent / "shared" / "cases").glob("*.json")):
+def test_every_scenario_file_validates():
+    for path in sorted((ROOT / "tests" / "scenarios").glob("*.json")):
         sc, raw = load_scenario(path)
         assert sc.name == raw["name"]
 

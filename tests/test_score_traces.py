@@ -124,3 +124,16 @@ def test_the_page_renders_for_a_viewer_and_needs_login(traces, bob):
     assert resp.status_code == 200
     assert 'id="step-histogram"' in html and "forbidden_tool" in html and "v-777" in html
     assert "<h1>Trace scoring</h1>" in html
+
+
+@pytest.mark.parametrize("args, problem", [
+    (["--last", str(10**23)], "--last must be between 1 and 1000000000"),
+    (["--last", "0"], "--last must be between 1 and 1000000000"),
+    (["--epoch", str(10**23)], "--epoch must be between 0 and 1000000000"),
+])
+def test_an_out_of_range_count_is_a_clean_error(args, problem):
+    # 10**23 once reached the database and came back as an IntegrityError traceback (issue 11 §1.9)
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError, match=problem):
+        call_command("score_traces", *args, stdout=StringIO())

@@ -1,4 +1,4 @@
-"""The ``scenario`` demand source: the demand signal of a replay file (../shared/SCENARIOS.md).
+"""The ``scenario`` demand source: the demand signal of a replay file (docs/replay.md).
 
 Built from the file's ``demand`` block and each ``fleet[]`` entry's ``worker`` (Curio's view of
 that instance's worker). Worker names are instance ids (the scenario provider reports

@@ -1,6 +1,6 @@
 """The ``scenario`` provider and SSH command runner: a fleet held in memory, taken from a replay file.
 
-Scenario replay (``python manage.py replay FILE.json``, ../shared/SCENARIOS.md) routes every
+Scenario replay (``python manage.py replay FILE.json``, docs/replay.md) routes every
 ``get_provider()`` to a :class:`ScenarioProvider` built from the file's ``fleet``, ``offers`` and
 ``provider_faults``. Its calls change only its in-memory state; nothing outside the process is
 touched. Faults make the next ``times`` requests to one call fail, from any caller (the observe
@@ -195,7 +195,8 @@ class ScenarioProvider(Provider):
         ``reboot``, ``destroy``), faulted ones included; every operation is present (0 when none)."""
         counts = dict.fromkeys(OPERATIONS.values(), 0)
         for call, _ in self.calls:
-            counts[OPERATIONS[call]] += 1
+            op = OPERATIONS.get(call, call)  # a call added later is counted under its own name
+            counts[op] = counts.get(op, 0) + 1
         return counts
 
     def statuses(self) -> dict[str, str]:

@@ -1,6 +1,6 @@
 """``python manage.py replay FILE.json [--json]``: run one scenario through the real observe cycle.
 
-Contract: ``../shared/SCENARIOS.md``. The file is validated first (an invalid file: one line on
+Contract: ``docs/replay.md``. The file is validated first (an invalid file: one line on
 stderr naming the file and key path, exit 2). The command then re-executes itself in a child
 process whose ``default`` and ``harmony`` databases are fresh SQLite files in a temporary
 directory (migrated quietly, deleted afterwards), whose Redis URL points nowhere and whose Celery
@@ -26,7 +26,7 @@ CHILD_ENV = "WARDEN_REPLAY_DB_DIR"
 
 
 class Command(BaseCommand):
-    help = "Replay a scenario file (../shared/SCENARIOS.md) on a throwaway database and virtual clock."
+    help = "Replay a scenario file (docs/replay.md) on a throwaway database and virtual clock."
     requires_system_checks = []
     requires_migrations_checks = False
 
