@@ -174,14 +174,13 @@ def counter_lock():
 
 def kill_worker_mid_approval(stack: Stack, row: Row, user) -> None:
     from agent.approvals import do_decide
-    from agent.loop import run_cycle
     from agent.models import Approval, SideEffect
     from agent.planners.script import ScriptPlanner
     from agent.tasks import start_resume
 
     clean_fleet()
-    run = run_cycle("bench", planner=ScriptPlanner([
-        {"tool": "launch_instance", "args": {"gpu_name": "local-cpu", "launch_priority": "P1", "reason": "bench"}}]))
+    run = cycle_here(ScriptPlanner([
+        {"tool": "launch_instance", "args": {"gpu_name": "local-cpu", "launch_priority": "P1", "reason": f"bench {time.time()}"}}]))
     approval = Approval.objects.get(run=run)
     before = dup_launches()
     lock = counter_lock()
@@ -248,6 +247,20 @@ def kill_worker_mid_run(stack: Stack, row: Row, user) -> None:
     ok = wait_until(recovered, RECOVER_TIMEOUT_S, interval=0.5)
     _finish(row, ok, t0, sampler)
     row.dup += dup_launches() - before
+
+
+def cycle_here(planner):
+    """``run_cycle`` in the bench process with ``planner``; waits (up to 60 s) while a cycle of the
+    stack's worker holds the run lock (``run_cycle`` returns None then)."""
+    from agent.loop import run_cycle
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        run = run_cycle("bench", planner=planner)
+        if run is not None:
+            return run
+        time.sleep(0.5)
+    raise RuntimeError("the run lock stayed busy for 60 s")
 
 
 def _finish(row: Row, ok, t0: float, sampler: ParallelSampler) -> None:
@@ -472,7 +485,6 @@ def provider_faults(rows: dict, reps: int) -> None:
     """A P0 launch whose request fails with 429 / 410 / 500 / empty body / HTML body, before and
     after taking effect (the stand-in cloud of tests/rented_cloud.py). Recovered: the run ended,
     no claim open, and the cloud holds at most one instance per launch key."""
-    from agent.loop import run_cycle
     from agent.models import SessionState, SideEffect
     from agent.planners.script import ScriptPlanner
     from fleet.models import Instance
@@ -499,7 +511,7 @@ def provider_faults(rows: dict, reps: int) -> None:
             sampler.start()
             t0 = time.monotonic()
             try:
-                run = run_cycle("bench", planner=ScriptPlanner([
+                run = cycle_here(ScriptPlanner([
                     {"tool": "launch_instance", "args": {"gpu_name": "RTX 4090", "launch_priority": "P0",
                                          "reason": f"bench: provider {name}, repetition {rep + 1}"}}]))
             finally:
@@ -569,21 +581,34 @@ def main(argv=None) -> int:
         stack.start_beat()
         print(f"bench: stack in {stack.dir} (PostgreSQL :{stack.pg_port}, Redis :{stack.redis_port}, web :{stack.web_port})",
               file=sys.stderr)
+        def attempt(row: Row, fn, *fn_args):
+            """Run one fault; a crash of the bench itself is a failed repetition with its reason."""
+            try:
+                fn(*fn_args)
+            except Exception as exc:  # noqa: BLE001 — reported in the table, never hidden
+                row.failed += 1
+                row.notes.append(f"{row.fault}: the bench failed: {type(exc).__name__}: {str(exc)[:200]}")
+                db_reset()
+                if stack.worker is None or not stack.worker.alive():
+                    stack.start_worker()
+
         for rep in range(args.reps):
             if "worker" in args.only:
-                kill_worker_mid_run(stack, rows["worker SIGKILL mid-run"], user)
-                kill_worker_mid_approval(stack, rows["worker SIGKILL mid-approval"], user)
+                attempt(rows["worker SIGKILL mid-run"], kill_worker_mid_run, stack, rows["worker SIGKILL mid-run"], user)
+                attempt(rows["worker SIGKILL mid-approval"], kill_worker_mid_approval, stack,
+                        rows["worker SIGKILL mid-approval"], user)
             if "redis" in args.only:
-                _server_restart(stack, rows["redis restart"], "redis")
+                attempt(rows["redis restart"], _server_restart, stack, rows["redis restart"], "redis")
             if "postgres" in args.only:
-                _server_restart(stack, rows["postgres restart"], "postgres")
+                attempt(rows["postgres restart"], _server_restart, stack, rows["postgres restart"], "postgres")
             if "daphne" in args.only:
-                restart_daphne(stack, rows["daphne restart"], args.clients)
+                attempt(rows["daphne restart"], restart_daphne, stack, rows["daphne restart"], args.clients)
             print(f"bench: repetition {rep + 1} of {args.reps} done", file=sys.stderr)
+        clean_fleet()  # the in-process faults below start from an empty fleet and queue
         if "ssh" in args.only:
-            ssh_faults(rows, args.reps)
+            attempt(rows["ssh refuses"], ssh_faults, rows, args.reps)
         if "provider" in args.only:
-            provider_faults(rows, args.reps)
+            attempt(rows["provider 429"], provider_faults, rows, args.reps)
         clean_fleet()
 
     header = ["fault", "runs", "dup effects", "lost appr.", "parallel", "stuck", "recover s", "recovered when"]
@@ -596,11 +621,13 @@ def main(argv=None) -> int:
         print(" | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
     total = sum(r.dup + r.lost + r.parallel + r.stuck + r.failed for r in rows.values())
     print(f"\ngoal: every count 0 and every fault recovered — {'met' if total == 0 else 'NOT met'}")
-    notes = [n for r in rows.values() for n in r.notes]
+    notes: dict[str, int] = {}
+    for n in (n for r in rows.values() for n in r.notes):
+        notes[n] = notes.get(n, 0) + 1
     if notes:
         print("\nnotes:")
-        for n in notes:
-            print(f"- {n}")
+        for n, times in notes.items():
+            print(f"- {n}" + (f" (×{times})" if times > 1 else ""))
     return 0 if total == 0 else 1
 
 
