@@ -51,6 +51,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.stack import PASSWORD, Stack, free_port, wait_until  # noqa: E402
 
 RECOVER_TIMEOUT_S = 120
+#: close codes after which a console tab reconnects: htmx 2's ws extension retries 1006, 1011,
+#: 1012 and 1013, and static/console.js reconnects after 1000 and 1001 (4401 means signed out)
+BROWSER_RECONNECTS = {1000, 1001, 1006, 1011, 1012, 1013}
 
 
 class Row:
@@ -330,7 +333,9 @@ def _server_restart(stack: Stack, row: Row, which: str) -> None:
     def recovered():
         health = httpx.get(f"{stack.url}/healthz", timeout=3)
         conds = {"healthz 200": health.status_code == 200,
-                 "cycle done": Run.objects.filter(trigger="operator", status="done", started_at__gt=since).exists(),
+                 # ran to its end: done, or parked on an approval it asked for (an idle worker's stop)
+                 "cycle done": Run.objects.filter(trigger="operator", status__in=("done", "parked", "halted"),
+                                                  started_at__gt=since).exists(),
                  "nothing stuck": stuck_now() == 0}
         for name, met in conds.items():
             if met:
@@ -339,7 +344,8 @@ def _server_restart(stack: Stack, row: Row, which: str) -> None:
 
     ok = wait_until(recovered, RECOVER_TIMEOUT_S, interval=0.5)
     _finish(row, ok, t0, sampler)
-    row.notes.append(f"{which}: operator's cycle done after {first.get('cycle done', -1):.1f} s, /healthz 200 after "
+    ended = list(Run.objects.filter(trigger="operator", started_at__gt=since).values_list("status", flat=True))
+    row.notes.append(f"{which}: operator's cycle ({', '.join(ended) or 'none'}) ended after {first.get('cycle done', -1):.1f} s, /healthz 200 after "
                      f"{first.get('healthz 200', -1):.1f} s")
     client.close()
 
@@ -358,6 +364,7 @@ def restart_daphne(stack: Stack, row: Row, clients: int) -> None:
     ws_url = f"ws://127.0.0.1:{stack.web_port}/ws/console/"
     done: dict[int, float] = {}
     errors: list[str] = []
+    codes: dict[int, int] = {}  # close codes the clients saw when daphne went away
     async def client(i: int, gate: asyncio.Event, t0_box: list):
         connected_once = False
         while True:
@@ -381,6 +388,12 @@ def restart_daphne(stack: Stack, row: Row, clients: int) -> None:
                 if not connected_once:
                     errors.append(f"first connect: {exc}")
                     return
+                if isinstance(exc, websockets.ConnectionClosed):
+                    code = exc.rcvd.code if exc.rcvd is not None else 1006
+                    codes[code] = codes.get(code, 0) + 1
+                    if code not in BROWSER_RECONNECTS:
+                        errors.append(f"closed with {code}: a browser would not reconnect")
+                        return
                 await asyncio.sleep(0.5 + (i % 10) * 0.2)  # console.js backs off 0.5–2.5 s
 
     async def main():
@@ -416,6 +429,7 @@ def restart_daphne(stack: Stack, row: Row, clients: int) -> None:
         row.notes.append(f"daphne: {clients - len(done)} of {clients} clients did not resync; {errors[:3]}")
     row.parallel += sampler.parallel()
     row.stuck += stuck_now()
+    row.notes.append(f"daphne: close codes seen {dict(sorted(codes.items()))}")
     if errors:
         row.notes.append(f"daphne: errors {errors[:3]}")
     http.close()
