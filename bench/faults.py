@@ -107,13 +107,30 @@ def db_reset():
     connections.close_all()
 
 
-def stuck_now() -> int:
+def _open_now() -> set[str]:
     from agent.models import Approval, Run, SideEffect
 
     db_reset()
-    return (Run.objects.filter(status__in=("running", "queued")).count()
-            + SideEffect.objects.filter(status="claimed").count()
-            + Approval.objects.filter(status="approved").count())
+    return ({f"run {n} {st}" for n, st in Run.objects.filter(status__in=("running", "queued")).values_list("number", "status")}
+            | {f"claim {k}" for k in SideEffect.objects.filter(status="claimed").values_list("key", flat=True)}
+            | {f"approval {pk} approved" for pk in Approval.objects.filter(status="approved").values_list("pk", flat=True)})
+
+
+STUCK_SETTLE_S = 8  # a run, claim or approval still open this long after recovery is stuck
+
+
+def stuck_now(notes: list | None = None) -> int:
+    """Runs ``running``/``queued``, claims ``claimed`` and approvals ``approved`` that are open now
+    and still open :data:`STUCK_SETTLE_S` later (a heartbeat cycle that happens to be running when
+    the bench looks is not stuck). Names them in ``notes``."""
+    first = _open_now()
+    if not first:
+        return 0
+    time.sleep(STUCK_SETTLE_S)
+    still = first & _open_now()
+    if still and notes is not None:
+        notes.append(f"stuck: {', '.join(sorted(still))}")
+    return len(still)
 
 
 def local_launches() -> dict[str, int]:
@@ -245,7 +262,7 @@ def kill_worker_mid_run(stack: Stack, row: Row, user) -> None:
 
     def recovered():
         done = SideEffect.objects.filter(tool="launch_instance", status="done", claimed_at__gte=since).exists()
-        return done and stuck_now() == 0
+        return done and not _open_now()
 
     ok = wait_until(recovered, RECOVER_TIMEOUT_S, interval=0.5)
     _finish(row, ok, t0, sampler)
@@ -272,7 +289,7 @@ def _finish(row: Row, ok, t0: float, sampler: ParallelSampler) -> None:
     else:
         row.failed += 1
     row.parallel += sampler.parallel()
-    row.stuck += stuck_now()
+    row.stuck += stuck_now(row.notes)
 
 
 def _login(stack: Stack):
@@ -336,7 +353,7 @@ def _server_restart(stack: Stack, row: Row, which: str) -> None:
                  # ran to its end: done, or parked on an approval it asked for (an idle worker's stop)
                  "cycle done": Run.objects.filter(trigger="operator", status__in=("done", "parked", "halted"),
                                                   started_at__gt=since).exists(),
-                 "nothing stuck": stuck_now() == 0}
+                 "nothing stuck": not _open_now()}
         for name, met in conds.items():
             if met:
                 first.setdefault(name, time.monotonic() - t0)
@@ -384,7 +401,7 @@ def restart_daphne(stack: Stack, row: Row, clients: int) -> None:
                     connected_once = True
                     gate.set()
                     await ws.recv()  # until daphne goes away
-            except (TimeoutError, OSError, websockets.ConnectionClosed, websockets.InvalidStatus) as exc:
+            except Exception as exc:  # noqa: BLE001 — refused, half-open, bad handshake: a browser retries
                 if not connected_once:
                     errors.append(f"first connect: {exc}")
                     return
@@ -428,7 +445,7 @@ def restart_daphne(stack: Stack, row: Row, clients: int) -> None:
         row.failed += 1
         row.notes.append(f"daphne: {clients - len(done)} of {clients} clients did not resync; {errors[:3]}")
     row.parallel += sampler.parallel()
-    row.stuck += stuck_now()
+    row.stuck += stuck_now(row.notes)
     row.notes.append(f"daphne: close codes seen {dict(sorted(codes.items()))}")
     if errors:
         row.notes.append(f"daphne: errors {errors[:3]}")
@@ -487,7 +504,7 @@ def ssh_faults(rows: dict, reps: int) -> None:
                     d = diagnose(inst, timeout_s=10)
                     row.times.append(time.monotonic() - t0)
                     row.parallel += sampler.parallel()
-                    row.stuck += stuck_now()
+                    row.stuck += stuck_now(row.notes)
                     row.dup += SideEffect.objects.filter(claimed_at__gte=since).count()  # a diagnosis acts on nothing
                     row.notes.append(f"ssh {kind}: {d.health}/{d.fault_class} via {d.source}")
         finally:
@@ -540,7 +557,7 @@ def provider_faults(rows: dict, reps: int) -> None:
             else:
                 row.failed += 1
             row.parallel += sampler.parallel()
-            row.stuck += stuck_now()
+            row.stuck += stuck_now(row.notes)
             outcome = SideEffect.objects.filter(claimed_at__gte=since).values_list("status", "code").first()
             step = run.steps.filter(tool="launch_instance").values_list("outcome", "detail").first()
             row.notes.append(f"provider {name}: sent {cloud.sent('launch')}, listed {len(labels)}, claim {outcome}, "
