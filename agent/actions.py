@@ -6,6 +6,7 @@ and push the same way (Zulip's ``zerver/actions`` pattern, reference/style.md §
 """
 
 import hashlib
+import math
 
 from django.db import DatabaseError, transaction
 
@@ -44,13 +45,16 @@ def do_audit(actor: str, verb: str, target: str = "", reason: str = "", before=N
 
 @transaction.atomic
 def do_set_target(target: float, actor: str, reason: str = "") -> SessionState:
-    """Set the target proofs/hr on the session anchor. Raises ValueError for a negative or non-number target."""
-    try:
-        target = float(target)
-    except (TypeError, ValueError):
-        raise ValueError("target proofs/hr must be a number, e.g. 120") from None
-    if target < 0 or target != target or target > 1_000_000:
-        raise ValueError("target proofs/hr must be between 0 and 1,000,000")
+    """Set the target proofs/hr on the session anchor. Raises ValueError for a non-number, a
+    negative (``-0.0`` too), a non-finite, an above-1,000,000 or a vanishing (between 0 and 0.01)
+    target. Text from operators is parsed first by ``console.forms.parse_target``."""
+    if isinstance(target, bool) or not isinstance(target, (int, float)):
+        raise ValueError("target proofs/hr must be a number, e.g. 120")
+    target = float(target)
+    if not math.isfinite(target) or math.copysign(1.0, target) < 0 or target > 1_000_000:
+        raise ValueError("target proofs/hr must be between 0 and 1,000,000, e.g. 120")
+    if 0 < target < 0.01:
+        raise ValueError("target proofs/hr must be 0 or at least 0.01, e.g. 120")
     state = SessionState.get()
     before = state.target_proofs_hr
     state.target_proofs_hr = target

@@ -5,6 +5,8 @@ Every input has a length cap (:data:`CAPS`, characters), checked by the form bef
 field and its cap. The JSON API and the GET filters use the same caps.
 """
 
+import re
+
 from django import forms
 from django.core.exceptions import ValidationError
 
@@ -37,24 +39,53 @@ def too_long_error(field: str, value: str, cap_key: str | None = None) -> str | 
     return None
 
 
-class CappedFloatField(forms.FloatField):
-    """A float field that refuses over-long text before parsing it (:data:`CAPS` ``target``)."""
+# ASCII digits only (``re.ASCII``: full-width or other Unicode digits are refused, not converted),
+# no sign, no exponent, at most two decimals: "-0", "1e-320", "１２０" and "inf" are all refused.
+TARGET_SHAPE = re.compile(r"[0-9]{1,7}(\.[0-9]{1,2})?", re.ASCII)
+TARGET_MAX = 1_000_000
+
+
+def parse_target(text: str) -> float:
+    """The target proofs/hr written as ``text``: a plain decimal number between 0 and 1,000,000
+    with ASCII digits and at most two decimals (``"120"``, ``"7.5"``). Returns a float >= 0.
+    Raises ``forms.ValidationError`` naming what was wrong and what to write instead."""
+    text = (text or "").strip()
+    if not text:
+        raise forms.ValidationError("enter a target, e.g. 120")
+    if not TARGET_SHAPE.fullmatch(text):
+        got = f"(got {text[:40]!r})"
+        if text.startswith("-"):
+            why = f"target proofs/hr cannot be negative, not even -0; enter 0 to 1,000,000, e.g. 120 {got}"
+        elif any(ch.isdigit() and not ch.isascii() for ch in text):
+            why = f"target proofs/hr must be written with the digits 0-9; full-width and other digits are not accepted {got}"
+        elif re.fullmatch(r"\+?[0-9.eE+-]+", text, re.ASCII):
+            why = f"target proofs/hr must be a plain decimal with at most 2 decimals and no sign or exponent, e.g. 7.5 {got}"
+        else:
+            why = f"target proofs/hr must be a number, e.g. 120 {got}"
+        raise forms.ValidationError(why)
+    value = float(text)
+    if value > TARGET_MAX:
+        raise forms.ValidationError(f"target proofs/hr must be at most 1,000,000 (got {text})")
+    return value
+
+
+class TargetField(forms.Field):
+    """A form field for the target proofs/hr; cleans to a float via :func:`parse_target`."""
 
     def to_python(self, value):
-        if isinstance(value, str) and (error := too_long_error(str(self.label), value, "target")):
+        """Parse the submitted text strictly; raises ``ValidationError`` (see :func:`parse_target`)."""
+        text = str(value or "").strip()
+        if not text:
+            return None
+        if error := too_long_error(str(self.label), text, "target"):
             raise ValidationError(error, code="max_length")
-        return super().to_python(value)
+        return parse_target(text)
 
 
 class TargetForm(forms.Form):
     """The target rate of proofs per hour (stored on the session-state anchor)."""
 
-    target = CappedFloatField(
-        label="target proofs/hr",
-        min_value=0,
-        max_value=1_000_000,
-        error_messages={"invalid": "target proofs/hr must be a number, e.g. 120", "required": "enter a target"},
-    )
+    target = TargetField(label="target proofs/hr", error_messages={"required": "enter a target, e.g. 120"})
     reason = forms.CharField(label="why", required=False, max_length=CAPS["reason"], error_messages=too_long("reason"))
 
 

@@ -825,7 +825,9 @@ def api_instance_action(request: HttpRequest, external_id: str, action: str) -> 
         return _json_error(413, "too_large", f"the body is too large: at most {CAPS['json_body']:,} bytes")
     try:
         body = json.loads(raw or b"{}")
-    except (ValueError, RecursionError):
+    except RecursionError:  # brackets nested past the parser's depth (about 1,000)
+        return _json_error(400, "invalid", "the body's JSON nests too deeply; send one flat object, e.g. {\"reason\": \"wedged\"}")
+    except ValueError:
         return _json_error(400, "invalid", "the body must be JSON, e.g. {\"reason\": \"wedged\"}")
     if not isinstance(body, dict):
         return _json_error(400, "invalid", "the body must be a JSON object")

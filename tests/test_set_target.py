@@ -31,7 +31,7 @@ def test_it_explains_a_bad_target_and_keeps_the_input(client, alice):
     assert 'value="abc"' in html
     assert SessionState.get().target_proofs_hr == 90
     resp = client.post("/actions/target/", {"target": "-5"}, headers=HX)
-    assert "greater than or equal to 0" in resp.content.decode()
+    assert "cannot be negative" in resp.content.decode()
     assert not AuditLog.objects.filter(verb="set_target").exists()
 
 
