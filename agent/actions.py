@@ -167,14 +167,10 @@ def do_instance_action(inst, action: str, *, actor: str, reason: str = "") -> No
 
     ``action``: stop | resume | reboot | destroy. A destroy counts only once a re-list confirms
     the instance is gone (autoscalers.md rule 9): then it is marked killed; until then
-    ``destroy_requested_at`` is set and the monitor keeps checking. Raises ``ProviderError``, and
-    ``ValueError`` (nothing sent) for a resume of an instance that is running or provisioning.
+    ``destroy_requested_at`` is set and the monitor keeps checking. Raises ``ProviderError``.
     """
-    from fleet.models import PENDING_STATUSES
     from fleet.providers import get_provider
 
-    if action == "resume" and (inst.status == "running" or inst.status in PENDING_STATUSES):
-        raise ValueError(f"{inst.external_id} is {inst.status or 'provisioning'}, not stopped: there is nothing to resume")
     provider = get_provider(inst.provider)
     before = _inst_state(inst)
     now = clock.now()

@@ -125,10 +125,19 @@ def secret_spans(text: str) -> list[tuple[int, int]]:
     for its END once."""
     spans = []
     for name, pattern, group in SHAPES:
-        covered = 0
-        for m in pattern.finditer(text):
+        covered = pos = 0
+        while (m := pattern.search(text, pos)) is not None:
+            pos = max(m.end(), m.start() + 1)
             part = group if not isinstance(group, tuple) else next(g for g in group if m.start(g) >= 0)
             start, end = m.span(part)
+            if name in ("keyed", "flag") and m.group(part).endswith(":"):
+                # the "value" may itself hold a key ("passwd is X-Api-Key: V"): when a pair starts
+                # inside it, scan again from there so the inner pair is taken whole (the next search
+                # finds that pair, past the current one: still one forward pass)
+                inner = pattern.search(text, start)
+                if inner is not None and inner.start() < end:
+                    pos = inner.start()
+                    continue
             if name == "pem":
                 if end <= covered:
                     continue  # a header inside a block already cut (one that only starts in it is cut on its own)

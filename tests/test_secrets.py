@@ -168,3 +168,11 @@ def test_secrets_never_reach_memory_alerts_side_effects_or_diagnoses():
     assert Diagnosis.objects.exists() and MemoryFact.objects.exists() and Alert.objects.filter(kind="escalation").exists()
     for rows in stored:
         assert KEY not in str(list(rows))
+
+
+@pytest.mark.parametrize("text, secret", [
+    ("PASSWD IS X-Api-Key: 0f9e8d7c6b5a4f3e2d1c", "0f9e8d7c6b5a4f3e2d1c"),  # found by hypothesis
+    ("password: hunter2: x", "hunter2"),  # a value ending in a colon holds no pair: still redacted
+])
+def test_a_pair_inside_a_value_that_looks_like_a_key_is_taken_whole(text, secret):
+    assert secret not in redact(text)
