@@ -173,7 +173,17 @@ def buffer_message(text: str, actor: str, *, run_number: int | None = None, impo
                                     importance=message_importance(text) if importance is None else importance,
                                     created_at=clock.now())
     keep = list(ShortTermMessage.objects.order_by("-id").values_list("id", flat=True)[:BUFFER_SIZE])
-    evicted = list(ShortTermMessage.objects.exclude(id__in=keep).select_for_update().order_by("id"))
+    return _evict(ShortTermMessage.objects.exclude(id__in=keep))
+
+
+@transaction.atomic
+def flush_buffer() -> list[MemoryFact]:
+    """Empty the short-term buffer (``Reset session``), promoting as on eviction."""
+    return _evict(ShortTermMessage.objects.all())
+
+
+def _evict(qs) -> list[MemoryFact]:
+    evicted = list(qs.select_for_update().order_by("id"))
     promoted = []
     for m in evicted:
         if m.importance > PROMOTE_ABOVE:
