@@ -187,7 +187,7 @@ def _evict(qs) -> list[MemoryFact]:
     promoted = []
     for m in evicted:
         if m.importance > PROMOTE_ABOVE:
-            fact, _ = remember("incident" if m.actor == "agent" else "operator_note", f"message {m.pk} from {m.actor}",
+            fact, _ = remember("agent_note" if m.actor == "agent" else "operator_note", f"message {m.pk} from {m.actor}",
                                m.text, importance=m.importance, kind="memory", source="promotion")
             promoted.append(fact)
     ShortTermMessage.objects.filter(id__in=[m.id for m in evicted]).delete()
@@ -230,13 +230,14 @@ def consolidate() -> list[MemoryFact]:
 
 
 def after_run(run) -> list[MemoryFact]:
-    """Called when a run closes: buffers its operator messages and final answer, and on every
+    """Called when a run closes: buffers its operator messages and final answer (once per run), and on every
     :data:`CONSOLIDATE_EVERY`-th run number consolidates. Returns the facts made or promoted."""
     made = []
-    for s in run.steps.filter(kind="message").exclude(actor="system"):
-        made += buffer_message(s.text, s.actor, run_number=run.number)
-    if run.final_answer:
-        made += buffer_message(run.final_answer, "agent", run_number=run.number)
+    if not ShortTermMessage.objects.filter(run_number=run.number).exists():  # a run closes once in the buffer
+        for s in run.steps.filter(kind="message").exclude(actor="system"):
+            made += buffer_message(s.text, s.actor, run_number=run.number)
+        if run.final_answer:
+            made += buffer_message(run.final_answer, "agent", run_number=run.number)
     if run.number % CONSOLIDATE_EVERY == 0:
         made += consolidate()
     return made

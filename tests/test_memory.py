@@ -129,10 +129,11 @@ def test_the_buffer_keeps_20_messages_and_promotes_important_ones_on_eviction():
     assert not ShortTermMessage.objects.filter(text__startswith="how many").exists()  # evicted, not promoted
 
 
-def test_operator_messages_of_a_run_enter_the_buffer():
+def test_operator_messages_of_a_run_enter_the_buffer_once():
     with rails_world() as w:
-        w.cycle([verdict()], trigger="chat", message="always keep one spare 4090")
-    assert ShortTermMessage.objects.filter(actor="user:alice", text="always keep one spare 4090", importance=0.8).exists()
+        run = w.cycle([verdict()], trigger="chat", message="always keep one spare 4090")
+        memory.after_run(run)  # closing it again buffers nothing more
+    assert ShortTermMessage.objects.filter(actor="user:alice", text="always keep one spare 4090", importance=0.8).count() == 1
 
 
 def test_every_fifth_run_consolidates_host_faults_and_rejections():
