@@ -92,8 +92,13 @@ def remember(category: str, key: str, value: str, *, importance=None, kind: str 
     return fact, created
 
 
+#: words too common to rank by (SQLite's ranking; PostgreSQL's ``english`` config has its own list)
+STOPWORDS = frozenset("a an and are as at be by for from has have in is it its of off on or that the this to "
+                      "was were what when which who why will with how many much".split())
+
+
 def _words(text: str) -> list[str]:
-    return [w for w in re.findall(r"[\w.-]+", (text or "").lower()) if len(w) > 1]
+    return [w for w in re.findall(r"[\w.-]+", (text or "").lower()) if len(w) > 1 and w not in STOPWORDS]
 
 
 def recall(query: str = "", *, category: str | None = None, limit: int = 20, touch: bool = True) -> list[dict]:
