@@ -89,6 +89,7 @@ def remember(category: str, key: str, value: str, *, importance=None, kind: str 
         defaults={"value": _clean("value", value, 4000), "importance": _importance(importance), "kind": kind,
                   "source": source, "created_at": clock.now()},
     )
+    emit("memory-changed")  # the Memory page refreshes after commit
     return fact, created
 
 
