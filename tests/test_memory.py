@@ -151,7 +151,7 @@ def test_every_fifth_run_consolidates_host_faults_and_rejections():
         assert run.number < memory.CONSOLIDATE_EVERY
         assert not MemoryFact.objects.filter(source="consolidation").exists()
         # the rejection is still written by agent.approvals
-        assert MemoryFact.objects.filter(category="rejection", key="stop_instance local-5").exists()
+        assert MemoryFact.objects.get(category="rejection", key="stop_instance local-5").source == "approvals"
         while True:
             run = w.cycle([verdict()])
             if run.number % memory.CONSOLIDATE_EVERY == 0:
