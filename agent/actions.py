@@ -220,16 +220,23 @@ def _record_instance_action(provider, inst, action: str, *, actor: str, reason: 
 
 @transaction.atomic
 def do_reset_session(actor: str, reason: str = "") -> SessionState:
-    """Start a new conversation epoch: earlier runs leave the model's context (they stay visible).
+    """Clear the conversation: a new epoch, so earlier runs and chat leave the model's context and
+    the chat (they stay on the Runs pages), and the short-term buffer is flushed (important
+    messages promoted to long-term memory, ``agent.memory.flush_buffer``).
 
-    The anchor keeps the run counter, the objectives and the overrides (seed 002: run ids must
-    not restart after a reset).
+    The anchor keeps the run-id sequence, the objectives, the target, the overrides and the fleet
+    snapshot; long-term memory stays (seed 002: run ids must not restart after a reset). The
+    browser asks for confirmation first (``hx-confirm`` on the button).
     """
+    from agent.memory import flush_buffer
+
     state = SessionState.objects.select_for_update().get(pk=SessionState.get().pk)
     before = state.epoch
     state.epoch += 1
     state.save(update_fields=["epoch", "updated_at"])
-    do_audit(actor, "reset_session", "session", reason, {"epoch": before}, {"epoch": state.epoch})
+    promoted = flush_buffer()
+    do_audit(actor, "reset_session", "session", reason, {"epoch": before},
+             {"epoch": state.epoch, "next_run_id": state.next_run_id, "promoted_memories": len(promoted)})
     emit("runs-changed", "chat-changed")
     return state
 

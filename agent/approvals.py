@@ -53,12 +53,9 @@ def remember_rejection(approval: Approval, actor: str, comment: str, when) -> No
     """Record an operator's rejection in the agent's memory (issue 9 §1.5): category
     ``rejection``, key ``TOOL INSTANCE``. The guard ``rejected_recently`` (``agent.lifecycle``)
     is what enforces it; the fact lets every planner (and the model) know why."""
-    from agent.models import MemoryFact
-    from fleet.secrets import redact
+    from agent.memory import remember
 
     target = (approval.args or {}).get("instance_id") or "any instance"
-    MemoryFact.objects.update_or_create(
-        category="rejection", key=redact(f"{approval.tool} {target}")[:200],
-        defaults={"value": redact(f"{actor} rejected {approval.tool} on {target} at {when:%Y-%m-%d %H:%M} UTC: {comment}")[:4000],
-                  "importance": 0.9, "created_at": when},
-    )
+    remember("rejection", f"{approval.tool} {target}",
+             f"{actor} rejected {approval.tool} on {target} at {when:%Y-%m-%d %H:%M} UTC: {comment}",
+             importance=0.9, kind="fact", source="approvals")

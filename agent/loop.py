@@ -344,6 +344,13 @@ def _close(run: Run) -> None:
     run.final_report = final_report(run)
     run.entailment_flags = entailment_flags(run)
     run.save()
+    if run.status != "parked":
+        from agent.memory import after_run
+
+        try:
+            after_run(run)
+        except Exception:  # noqa: BLE001 — memory upkeep never fails the run it follows
+            log.exception("memory upkeep after run %s failed", run.number)
     emit("runs-changed", "chat-changed", "fleet-changed")
 
 

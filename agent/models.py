@@ -180,17 +180,43 @@ class SideEffect(models.Model):
 
 
 class MemoryFact(models.Model):
-    """A long-term fact the agent remembers across resets (seed 002 ``remember``)."""
+    """One thing the agent remembers across resets (seed 002 ``remember``; seed 000 memory layers).
+
+    ``kind``: ``fact`` — structured, permanent until changed (scored by ``importance`` alone) — or
+    ``memory`` — long-term, scored ``importance × 0.5^(age_days / 7)`` (``agent.memory``).
+    ``category``: ``machine_perf``, ``provider_note``, ``rule_learned``, ``incident``, ``rejection``
+    (written by ``agent.approvals``) or any other word. ``source``: agent | operator |
+    consolidation | promotion | approvals. Text is redacted before it is stored.
+    """
 
     category = models.CharField(max_length=40)
     key = models.CharField(max_length=200)
     value = models.TextField()
     importance = models.FloatField(default=0.5)
+    kind = models.CharField(max_length=10, default="fact")
+    source = models.CharField(max_length=20, default="agent")
     created_at = models.DateTimeField()
     last_used_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         unique_together = [("category", "key")]
+
+
+class ShortTermMessage(models.Model):
+    """The short-term buffer: the last ``agent.memory.BUFFER_SIZE`` messages (operator and agent).
+
+    When a message is evicted and its ``importance`` is above ``PROMOTE_ABOVE`` it becomes a
+    long-term :class:`MemoryFact` (kind ``memory``, source ``promotion``).
+    """
+
+    run_number = models.PositiveIntegerField(null=True, blank=True)
+    actor = models.CharField(max_length=150)
+    text = models.TextField()
+    importance = models.FloatField(default=0.3)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["id"]
 
 
 class AuditLog(models.Model):

@@ -14,10 +14,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agent.models import MemoryFact
 from fleet.clock import clock
 from fleet.models import Instance
-from fleet.secrets import redact
 
 
 class ToolError(Exception):
@@ -233,26 +231,23 @@ def _lifecycle(action: str):
 
 
 def remember(ctx: ToolContext, args: dict) -> dict:
-    fact, created = MemoryFact.objects.update_or_create(
-        category=redact(args["category"]),
-        key=redact(args["key"]),
-        defaults={"value": redact(args["value"]), "importance": args.get("importance") or 0.5, "created_at": clock.now()},
-    )
+    """Store or change a fact (``agent.memory.remember``; redacted). Bad input is a semantic error."""
+    from agent.memory import MemoryInputError
+    from agent.memory import remember as store
+
+    try:
+        fact, created = store(args["category"], args["key"], args["value"], importance=args.get("importance"), source="agent")
+    except MemoryInputError as exc:
+        raise ToolError(str(exc), kind="semantic", code="invalid_args") from exc
     return {"stored": True, "updated": not created, "category": fact.category, "key": fact.key}
 
 
 def recall(ctx: ToolContext, args: dict) -> dict:
-    qs = MemoryFact.objects.all()
-    if args.get("category"):
-        qs = qs.filter(category=args["category"])
-    q = args.get("query") or ""
-    if q:
-        from django.db.models import Q
+    """The best facts for the query (``agent.memory.recall``: full-text rank × decayed score)."""
+    from agent.memory import recall as find
 
-        qs = qs.filter(Q(key__icontains=q) | Q(value__icontains=q))
-    facts = list(qs.order_by("-importance", "-created_at")[:20])
-    MemoryFact.objects.filter(pk__in=[f.pk for f in facts]).update(last_used_at=clock.now())
-    return {"facts": [{"category": f.category, "key": f.key, "value": f.value} for f in facts]}
+    return {"facts": [{k: f[k] for k in ("category", "key", "value", "score")}
+                      for f in find(args.get("query") or "", category=args.get("category"), limit=20)]}
 
 
 def escalate_human(ctx: ToolContext, args: dict) -> dict:

@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from console import trace_views, user_views, views
+from console import memory_views, trace_views, user_views, views
 
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),
@@ -19,6 +19,9 @@ urlpatterns = [
     path("api/instances/<str:external_id>/<str:action>/", views.api_instance_action, name="api_instance_action"),
     path("settings/", views.settings_page, name="settings"),
     path("traces/", trace_views.traces, name="traces"),
+    path("memory/", memory_views.memory_page, name="memory"),
+    path("memory/<int:pk>/edit/", memory_views.edit_fact, name="edit_fact"),
+    path("memory/<int:pk>/delete/", memory_views.delete_fact, name="delete_fact"),
     path("users/", user_views.users_page, name="users"),
     path("users/add/", user_views.add_user, name="add_user"),
     path("users/<int:pk>/role/", user_views.set_role, name="set_user_role"),

@@ -161,13 +161,14 @@ def runs_context(limit: int) -> dict:
 
 def chat_context() -> dict:
     """The chat: operator messages of chat runs and each chat run's final report, oldest first."""
+    epoch = SessionState.get().epoch  # "Reset session" clears the chat: only this epoch's
     msgs = list(
-        Step.objects.filter(kind="message", run__trigger="chat")
+        Step.objects.filter(kind="message", run__trigger="chat", run__epoch=epoch)
         .select_related("run")
         .order_by("-created_at")[:CHAT_ITEMS]
     )
     reports = list(
-        Run.objects.filter(trigger="chat").exclude(final_report="").order_by("-number")[:CHAT_ITEMS]
+        Run.objects.filter(trigger="chat", epoch=epoch).exclude(final_report="").order_by("-number")[:CHAT_ITEMS]
     )
     items = [{"kind": "message", "at": s.created_at, "actor": s.actor, "text": s.text, "run": s.run} for s in msgs]
     items += [
@@ -870,8 +871,8 @@ def set_observe_only(request: HtmxHttpRequest) -> HttpResponse:
 
 @operator_required
 def reset_session(request: HtmxHttpRequest) -> HttpResponse:
-    """"Reset session" (``do_reset_session``, confirmed in the browser): a new conversation epoch;
-    runs stay visible and run numbers keep counting."""
+    """"Reset session" (``do_reset_session``, confirmed in the browser): clears the conversation;
+    runs stay on the Runs pages, run numbers keep counting, objectives and memory stay."""
     form = ResetForm(request.POST)
     if not form.is_valid():
         return _flash_response(request, False, _form_errors(form))

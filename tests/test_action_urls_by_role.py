@@ -8,9 +8,10 @@ import pytest
 from django.contrib.auth.models import User
 from django.urls import URLPattern
 
-from agent.models import Approval, AuditLog, SessionState
+from agent.models import Approval, AuditLog, MemoryFact, SessionState
 from console import urls
 from fleet.alerts import raise_alert
+from fleet.clock import clock
 from tests.console_support import IDLE, park_stops
 from tests.scenario_world import entry, scenario_world
 
@@ -19,11 +20,13 @@ pytestmark = pytest.mark.django_db(databases=["default", "harmony"])
 #: not side-effect routes: pages that only read (tests/test_roles.py checks who sees them), the health
 #: check, and Django's sign-in/sign-out views (the admin is an include, not a pattern here)
 NOT_ACTIONS = {"dashboard", "fleet", "runs", "run", "approvals", "alerts", "actions", "instance", "traces", "users",
-            "healthz", "login", "logout"}
+            "memory", "healthz", "login", "logout"}
 
 
 def routes(approval_pk: int, alert_pk: int, user_pk: int) -> dict[str, tuple[str, dict, str]]:
-    """``name: (url, POST data, who may: "operator" or "superuser")``."""
+    """``name: (url, POST data, who may: "operator" or "superuser")``. The memory routes act on the
+    world's one fact (edit before delete)."""
+    fact_pk = MemoryFact.objects.values_list("pk", flat=True).first() or 0
     return {
         "decide_approval": (f"/approvals/{approval_pk}/decide/", {"decision": "approve"}, "operator"),
         "ack_alert": (f"/alerts/{alert_pk}/ack/", {"comment": "mine"}, "operator"),
@@ -41,6 +44,8 @@ def routes(approval_pk: int, alert_pk: int, user_pk: int) -> dict[str, tuple[str
                                      "password2": "Correct-Horse-57"}, "superuser"),
         "set_user_role": (f"/users/{user_pk}/role/", {"role": "operator"}, "superuser"),
         "set_user_active": (f"/users/{user_pk}/active/", {}, "superuser"),
+        "edit_fact": (f"/memory/{fact_pk}/edit/", {"value": "v-2 is slow", "importance": "0.5", "kind": "fact"}, "operator"),
+        "delete_fact": (f"/memory/{fact_pk}/delete/", {}, "operator"),
     }
 
 
@@ -49,6 +54,7 @@ def world(db):
     with scenario_world([entry("v-1"), entry("v-2")], IDLE) as provider:
         run, _ = park_stops("v-1")
         carol = User.objects.create_user("carol", password="x")
+        MemoryFact.objects.create(category="machine_perf", key="v-2", value="v-2 proves in 40 min", created_at=clock.now())
         yield Approval.objects.get(run=run), raise_alert("workers_dead", "1 dead"), carol, provider
 
 
@@ -95,6 +101,7 @@ def test_viewers_get_403_and_nothing_is_done(client, bob, world):
     assert SessionState.get().observe_only is False and SessionState.get().epoch == 1
     assert not User.objects.filter(username="dave").exists() and User.objects.get(pk=carol.pk).is_active
     assert "reboot_instance" not in [c for c, _ in provider.calls]
+    assert MemoryFact.objects.get().value == "v-2 proves in 40 min"
 
 
 def test_operators_may_act_but_not_manage_users(client, alice, world, broker_queue):
@@ -109,7 +116,7 @@ def test_operators_may_act_but_not_manage_users(client, alice, world, broker_que
     assert not User.objects.filter(username="dave").exists() and User.objects.get(pk=carol.pk).is_active
     done = set(AuditLog.objects.filter(actor="user:alice").values_list("verb", flat=True))
     assert {"ack_alert", "approve_call", "chat_message", "demo_enqueue", "observe_now", "reboot_instance",
-            "reset_session", "set_observe_only", "set_target"} <= done
+            "reset_session", "set_observe_only", "set_target", "update_memory", "delete_memory"} <= done
 
 
 def test_superusers_may_manage_users(client, root, world):

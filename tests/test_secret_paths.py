@@ -13,7 +13,7 @@ import pytest
 
 from agent.actions import do_audit
 from agent.context import build_context
-from agent.models import Approval, AuditLog, MemoryFact, Run, SideEffect, Step
+from agent.models import Approval, AuditLog, MemoryFact, Run, ShortTermMessage, SideEffect, Step
 from fleet.models import Alert, Diagnosis, Instance
 from fleet.secrets import MARK, RedactingFilter
 from tests.rails_support import extra_tool, rails_world
@@ -21,8 +21,9 @@ from tests.secret_corpus import SECRETS
 
 pytestmark = pytest.mark.django_db
 
-TABLES = [Step, Run, AuditLog, Alert, MemoryFact, SideEffect, Approval, Diagnosis, Instance]
-VIEWER_PAGES = ["/", "/runs/", "/actions/", "/alerts/?state=all", "/approvals/", "/fleet/", "/traces/", "/instances/v-1/"]
+TABLES = [Step, Run, AuditLog, Alert, MemoryFact, ShortTermMessage, SideEffect, Approval, Diagnosis, Instance]
+VIEWER_PAGES = ["/", "/runs/", "/actions/", "/alerts/?state=all", "/approvals/", "/fleet/", "/traces/", "/instances/v-1/",
+                "/memory/"]
 
 
 @pytest.mark.parametrize(("name", "text", "secret"), [pytest.param(*s, id=s[0]) for s in SECRETS])
@@ -54,6 +55,7 @@ def test_a_secret_leaks_through_no_path(name, text, secret, client, alice, bob, 
 
     assert Step.objects.filter(run=run, tool="read_env", outcome="executed").exists()
     assert MemoryFact.objects.exists() and Alert.objects.filter(kind="escalation").exists()
+    assert ShortTermMessage.objects.filter(run_number=run.number).exists()
 
     found = {}
     for model in TABLES:
