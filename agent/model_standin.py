@@ -11,7 +11,7 @@ takes the next entry of ``responses`` (SCENARIOS.md ``model_responses``):
 
 A request with ``"stream": true`` gets a 200 body as server-sent events in the wire format
 (``chat.completion.chunk`` objects, then ``data: [DONE]``). Requests are kept (``requests``:
-JSON bodies; ``headers``: their headers) so tests can check what was sent.
+JSON bodies; ``headers``: their headers, names lower-cased) so tests can check what was sent.
 """
 
 import json
@@ -125,7 +125,7 @@ class StandIn:
                 except ValueError:
                     self._send(400, {"error": {"message": "request body is not JSON"}})
                     return
-                entry = standin.take(body, dict(self.headers))
+                entry = standin.take(body, {k.lower(): v for k, v in self.headers.items()})
                 if entry is None:
                     self._send(500, {"error": {"message": "the stand-in has no more recorded responses", "type": "server_error"}})
                     return
