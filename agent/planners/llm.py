@@ -24,6 +24,9 @@ from fleet.secrets import SecretReferenceError, redact
 
 log = logging.getLogger(__name__)
 
+#: how the run's system step announcing a fallback begins (``agent.report`` repeats it)
+FALLBACK_NOTE = "Planner fallback"
+
 
 def tool_schemas() -> list[dict]:
     """OpenAI ``tools`` entries for every public tool, from its pydantic argument model."""
@@ -104,7 +107,7 @@ class LlmPlanner(Planner):
         why = redact(str(exc))
         what = (f"the model failed {getattr(exc, 'attempts', 1)} times ({why})" if kind == "transient"
                 else f"the model could not be used ({why})")
-        note = f"{what}; this cycle falls back to the rules planner"
+        note = f"{FALLBACK_NOTE}: {what}; this cycle falls back to the rules planner"
         log.warning("run %s: %s", ctx.run.number, note)
         ctx.new_step(kind="message", actor="system", text=note, turn=ctx.turn_index)
         raise_alert("planner_fallback", f"run {ctx.run.number}: {note}", severity="P2", key=f"planner_fallback:{ctx.run.number}")
