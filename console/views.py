@@ -264,7 +264,8 @@ def runs_page(request: HtmxHttpRequest) -> HttpResponse:
 def run_detail(request: HtmxHttpRequest, number: int) -> HttpResponse:
     """One run: halt reason, the honest report, entailment flags, and every step of its trace with its
     outcome and reason code (observe-only refusals as "would have done"; parked calls with their
-    approval inline). htmx GET: the trace only."""
+    approval inline), and each model call: what was sent (redacted) and what came back, tokens and
+    cost. htmx GET: the trace only."""
     run = Run.objects.annotate(step_count=Count("steps")).filter(number=number).first()
     if run is None:
         raise Http404(f"no run {number}")
@@ -275,7 +276,7 @@ def run_detail(request: HtmxHttpRequest, number: int) -> HttpResponse:
         if a is not None:
             a.seconds_left = (a.expires_at - now).total_seconds()
             a.run, a.step = run, s
-    ctx = _page_context(request, run=run, steps=steps, now=now,
+    ctx = _page_context(request, run=run, steps=steps, now=now, model_calls=list(run.model_calls.order_by("seq")),
                         would_have=sum(1 for s in steps if s.reason_code == "observe_only"))
     if _is_region(request):
         return render(request, "console/partials/run_trace.html", ctx)
