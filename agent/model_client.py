@@ -181,3 +181,20 @@ def _describe(exc: BaseException | None) -> str:
     if isinstance(exc, openai.APIConnectionError):
         return "connection error"
     return redact(f"{type(exc).__name__}: {exc}")
+
+
+def active_planner() -> dict:
+    """What the header and the settings page show about the planner: ``{"planner": "llm" |
+    "rules", "model", "base_url" (userinfo and query dropped), "key" (the reference's name, never
+    its value), "timeout_s", "max_tokens", "temperature", "price_in", "price_out"}``."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    cfg = ModelConfig.from_settings()
+    if cfg is None:
+        return {"planner": "rules"}
+    parts = urlsplit(cfg.base_url)
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return {"planner": "llm", "model": cfg.model, "base_url": urlunsplit((parts.scheme, netloc, parts.path, "", "")),
+            "key": cfg.key_name(), "timeout_s": cfg.timeout_s, "max_tokens": cfg.max_tokens,
+            "temperature": cfg.temperature, "price_in": cfg.price_in, "price_out": cfg.price_out}
