@@ -139,8 +139,20 @@ def cards_context() -> dict:
         counts_known=ctx["demand"] is not None and ctx["demand_state"] != "unknown",
         counts_stale=not ok and ctx["demand"] is not None and ctx["demand_state"] != "unknown",
         last_run=Run.objects.order_by("-number").only("number", "status", "started_at", "trigger").first(),
+        model_today=model_spend_today(),
     )
     return ctx
+
+
+def model_spend_today() -> dict:
+    """The model's spend since 00:00 UTC today (``fleet.clock``): ``{"cost": dollars, "tokens_in",
+    "tokens_out", "calls"}`` summed over ``ModelCall`` rows."""
+    from agent.models import ModelCall
+
+    start = clock.now().replace(hour=0, minute=0, second=0, microsecond=0)
+    agg = ModelCall.objects.filter(created_at__gte=start).aggregate(
+        cost=Sum("cost_usd"), tokens_in=Sum("tokens_in"), tokens_out=Sum("tokens_out"), calls=Count("id"))
+    return {k: v or 0 for k, v in agg.items()}
 
 
 def fleet_context(show_killed: bool) -> dict:

@@ -37,3 +37,21 @@ def test_the_run_page_lists_each_model_call_and_the_runs_list_its_cost(client, a
     assert "$0.0102" in page  # 3 × (1200 × 2.5 + 40 × 10) / 1e6 = 0.0102
     listing = client.get(reverse("runs")).content.decode()
     assert "3600 / 120 · $0.0102" in listing
+
+
+@pytest.mark.django_db
+def test_the_dashboard_shows_todays_model_spend(client, alice):
+    from datetime import timedelta
+
+    from fleet.clock import clock
+
+    run = Run.objects.create(number=1, trigger="test", planner="llm", started_at=clock.now())
+    now = clock.now()
+    midnight = now.replace(hour=0, minute=0, second=0, microsecond=0)
+    for n, (at, cost) in enumerate([(now, 0.0125), (now, 0.0025), (midnight - timedelta(seconds=1), 5.0)], 1):
+        ModelCall.objects.create(run=run, seq=n, model="m", status="ok", tokens_in=1000, tokens_out=100,
+                                 cost_usd=cost, created_at=at)
+    client.force_login(alice)
+    page = client.get(reverse("dashboard")).content.decode()
+    card = page[page.index('id="card-model-spend"'):]
+    assert card.split("</div>")[0].endswith("model today $0.0150 · 2 calls, 2000 / 200 tokens")
