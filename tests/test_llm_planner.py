@@ -239,3 +239,22 @@ def test_the_standin_answers_500_when_its_responses_run_out():
         with pytest.raises(openai.InternalServerError):
             client.chat.completions.create(model="m", messages=[])
         client.close()
+
+
+# --- the replay file's model_responses -------------------------------------------------------------
+@pytest.mark.parametrize("entry, problem", [
+    ("not an object", "model_responses: [1] must be a JSON object"),
+    ({"http_status": 700, "body": {}}, "model_responses: [1].http_status must be an HTTP status between 100 and 599"),
+    ({"http_status": "429"}, "model_responses: [1].http_status must be an HTTP status"),
+    ({"timeout": False}, "model_responses: [1].timeout must be true"),
+])
+def test_a_bad_model_response_entry_is_refused_naming_it(tmp_path, entry, problem):
+    from agent.replay import ScenarioFileError
+
+    data = json.loads((ROOT / "tests" / "scenarios" / "llm-plain-answer.json").read_text())
+    data["model_responses"].append(entry)
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ScenarioFileError) as exc:
+        load_scenario(path)
+    assert problem in str(exc.value)
