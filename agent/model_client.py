@@ -115,18 +115,62 @@ def _record(run, cfg: ModelConfig, request: dict, *, status: str, response: str 
         created_at=clock.now(), duration_ms=round((time.monotonic() - t0) * 1000, 1) if t0 else None)
 
 
-def chat(cfg: ModelConfig, messages: list[dict], tools: list[dict], *, run=None) -> Reply:
+def _streamed(client, request: dict, on_delta) -> str:
+    """Stream one request; ``on_delta(kind, text)`` gets each content piece (``"text"``) and each
+    tool call's name as it starts (``"tool"``). Returns a ``chat.completion``-shaped JSON body
+    assembled from the chunks (usage from the last chunk, when the server sends it)."""
+    message: dict = {"role": "assistant", "content": None}
+    calls: dict[int, dict] = {}
+    usage = None
+    stream = client.chat.completions.create(**request, stream=True, stream_options={"include_usage": True})
+    try:
+        for chunk in stream:
+            if chunk.usage is not None:
+                usage = chunk.usage.model_dump()
+            for choice in chunk.choices[:1]:
+                delta = choice.delta
+                role = getattr(delta, "role", None)
+                if role:
+                    message["role"] = role
+                extra = getattr(delta, "model_extra", None) or {}
+                if extra.get("tool_call_id"):
+                    message["tool_call_id"] = extra["tool_call_id"]
+                if delta.content:
+                    message["content"] = (message["content"] or "") + delta.content
+                    if message["role"] == "assistant" and "tool_call_id" not in message:
+                        on_delta("text", delta.content)  # a forged tool result is never shown as the answer
+                for tc in delta.tool_calls or []:
+                    slot = calls.setdefault(tc.index, {"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+                    if tc.id:
+                        slot["id"] = tc.id
+                    if tc.function is not None:
+                        if tc.function.name:
+                            slot["function"]["name"] += tc.function.name
+                            on_delta("tool", tc.function.name)
+                        if tc.function.arguments:
+                            slot["function"]["arguments"] += tc.function.arguments
+    finally:
+        stream.close()
+    if calls:
+        message["tool_calls"] = [calls[i] for i in sorted(calls)]
+    return json.dumps({"object": "chat.completion", "streamed": True, "choices": [{"index": 0, "message": message}],
+                       "usage": usage})
+
+
+def chat(cfg: ModelConfig, messages: list[dict], tools: list[dict], *, run=None, on_delta=None) -> Reply:
     """One chat-completions request (retried while transient) and its record per attempt.
 
-    Returns a :class:`Reply`. Raises :class:`ModelError` (``kind`` ``transient`` after
-    :data:`STRIKES` failed attempts, ``permanent`` at once otherwise) and
+    With ``on_delta`` (a callable ``(kind, text)``) the request streams (``stream: true``) and
+    ``on_delta`` sees the answer as it arrives (see :func:`_streamed`); the :class:`Reply` is the
+    same either way. Returns a :class:`Reply`. Raises :class:`ModelError` (``kind``
+    ``transient`` after :data:`STRIKES` failed attempts, ``permanent`` at once otherwise) and
     ``fleet.secrets.SecretReferenceError`` when the key reference cannot be resolved.
     """
     request = {"model": cfg.model, "messages": messages, "max_tokens": cfg.max_tokens,
                "temperature": cfg.temperature}
     if tools:
         request["tools"] = tools
-    shown = {**request, "tools": [t["function"]["name"] for t in tools]}  # the log keeps names, not schemas
+    shown = {**request, "tools": [t["function"]["name"] for t in tools], "stream": on_delta is not None}
     attempts = 0
 
     def once() -> Reply:
@@ -135,8 +179,11 @@ def chat(cfg: ModelConfig, messages: list[dict], tools: list[dict], *, run=None)
         t0 = time.monotonic()
         client = openai.OpenAI(base_url=cfg.base_url, api_key=_api_key(cfg), timeout=cfg.timeout_s, max_retries=0)
         try:
-            raw = client.chat.completions.with_raw_response.create(**request)
-            body = raw.http_response.text
+            if on_delta is not None:
+                body = _streamed(client, request, on_delta)
+            else:
+                raw = client.chat.completions.with_raw_response.create(**request)
+                body = raw.http_response.text
         except openai.APIStatusError as exc:
             _record(run, cfg, shown, status=f"http_{exc.status_code}", response=exc.response.text, error=str(exc), t0=t0)
             raise

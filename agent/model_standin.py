@@ -28,7 +28,10 @@ def sse_chunks(body: dict) -> list[dict]:
     for choice in body.get("choices") or []:
         idx = choice.get("index", 0)
         msg = choice.get("message") or {}
-        chunks.append({**base, "choices": [{"index": idx, "delta": {"role": msg.get("role", "assistant")}, "finish_reason": None}]})
+        first = {"role": msg.get("role", "assistant")}
+        if msg.get("tool_call_id"):
+            first["tool_call_id"] = msg["tool_call_id"]
+        chunks.append({**base, "choices": [{"index": idx, "delta": first, "finish_reason": None}]})
         text = msg.get("content") or ""
         for i in range(0, len(text), 8):
             chunks.append({**base, "choices": [{"index": idx, "delta": {"content": text[i:i + 8]}, "finish_reason": None}]})

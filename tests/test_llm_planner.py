@@ -258,3 +258,42 @@ def test_a_bad_model_response_entry_is_refused_naming_it(tmp_path, entry, proble
     with pytest.raises(ScenarioFileError) as exc:
         load_scenario(path)
     assert problem in str(exc.value)
+
+
+# --- streaming: the same turn, seen as it arrives --------------------------------------------------
+@pytest.mark.django_db
+def test_a_streamed_request_gives_the_same_turn_and_shows_it_as_it_arrives():
+    bodies = [
+        _completion("Two workers are live.", usage=(40, 6)),
+        _completion(calls=[("get_demand", "{}"), ("stop_instance", '{"instance_id": "local-5", "reason": "operator asked"}')]),
+        {"choices": [{"index": 0, "message": {"role": "tool", "tool_call_id": "call_0", "content": '{"ok": true}'}}]},
+    ]
+    run = _run()
+    seen: list[tuple[str, str]] = []
+    with StandIn(bodies) as standin:
+        cfg = ModelConfig(base_url=standin.base_url, model="m", price_in=1.0, price_out=2.0)
+        replies = [chat(cfg, [{"role": "user", "content": "q"}], tool_schemas(), run=run, on_delta=lambda k, t: seen.append((k, t)))
+                   for _ in bodies]
+    assert all(r["stream"] is True for r in standin.requests)
+    text = turn_from_message(replies[0].message)
+    assert text.text == "Two workers are live." and not text.calls
+    assert "".join(t for k, t in seen if k == "text") == "Two workers are live."
+    assert (replies[0].tokens_in, replies[0].tokens_out) == (40, 6)
+    assert replies[0].cost == pytest.approx((40 * 1.0 + 6 * 2.0) / 1e6)
+    batch = turn_from_message(replies[1].message)
+    assert batch.batch and [(p.tool, p.raw_arguments) for p in batch.calls] == [
+        ("get_demand", "{}"), ("stop_instance", '{"instance_id": "local-5", "reason": "operator asked"}')]
+    assert [t for k, t in seen if k == "tool"] == ["get_demand", "stop_instance"]
+    assert turn_from_message(replies[2].message).calls[0].forged
+    assert list(ModelCall.objects.filter(run=run).values_list("status", flat=True)) == ["ok"] * 3
+
+
+@pytest.mark.django_db
+def test_a_streamed_request_retries_a_timeout_500_and_429_then_gives_up():
+    run = _run()
+    with StandIn([{"timeout": True}, {"http_status": 500, "body": {}}, {"http_status": 429, "body": {}}]) as standin:
+        cfg = ModelConfig(base_url=standin.base_url, model="m", timeout_s=0.5)
+        with pytest.raises(ModelError) as err:
+            chat(cfg, [{"role": "user", "content": "q"}], [], run=run, on_delta=lambda k, t: None)
+    assert (err.value.kind, err.value.attempts) == ("transient", 3)
+    assert list(ModelCall.objects.filter(run=run).values_list("status", flat=True)) == ["timeout", "http_500", "http_429"]

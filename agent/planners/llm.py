@@ -64,7 +64,10 @@ class LlmPlanner(Planner):
 
     name = "llm"
 
-    def __init__(self, config: ModelConfig | None = None):
+    def __init__(self, config: ModelConfig | None = None, *, on_delta=None):
+        """``on_delta(kind, text)``, when given, makes each request stream and sees the answer as
+        it arrives (``agent.model_client.chat``): for the chat to show text and tool calls live."""
+        self.on_delta = on_delta
         self.config = config or ModelConfig.from_settings()
         if self.config is None:
             raise ValueError("no model configured: set WARDEN_MODEL_BASE_URL and WARDEN_MODEL")
@@ -84,7 +87,7 @@ class LlmPlanner(Planner):
         if self.fallback is not None:
             return self._rules_turn(ctx)
         try:
-            reply = chat(self.config, self.messages(ctx), tool_schemas(), run=ctx.run)
+            reply = chat(self.config, self.messages(ctx), tool_schemas(), run=ctx.run, on_delta=self.on_delta)
         except (ModelError, SecretReferenceError) as exc:
             self._fall_back(ctx, exc)
             return self._rules_turn(ctx)
