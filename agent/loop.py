@@ -122,7 +122,15 @@ def _context(run: Run, world: World, limits, state: SessionState) -> TurnContext
 
 
 def default_planner():
-    """The configured planner (the built-in rules policy by default)."""
+    """The configured planner: ``llm`` when a model is configured (WARDEN_MODEL_BASE_URL and
+    WARDEN_MODEL), else the built-in ``rules`` policy. The one place the choice is made."""
+    from agent.model_client import ModelConfig
+
+    config = ModelConfig.from_settings()
+    if config is not None:
+        from agent.planners.llm import LlmPlanner
+
+        return LlmPlanner(config)
     from agent.planners.rules import RulesPlanner
 
     return RulesPlanner()

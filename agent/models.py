@@ -57,6 +57,8 @@ class Run(models.Model):
     verdict_state_changed = models.BooleanField(null=True)
     tokens_in = models.PositiveIntegerField(default=0)
     tokens_out = models.PositiveIntegerField(default=0)
+    # dollars the run's model calls cost (ModelCall.cost_usd summed; WARDEN_MODEL_PRICE_IN/_OUT)
+    cost_usd = models.FloatField(default=0.0)
     included_in_prompt = models.BooleanField(default=True)
     final_report = models.TextField(blank=True)
     final_answer = models.TextField(blank=True)
@@ -71,6 +73,32 @@ class Run(models.Model):
 
     def __str__(self) -> str:
         return f"run {self.number}"
+
+
+class ModelCall(models.Model):
+    """One request to the model (one attempt; a retried call writes one row per attempt).
+
+    ``request`` is the JSON sent (messages, model, limits; tools by name), redacted of secrets;
+    the API key travels in a header and is never in it. ``response`` is the body that came back
+    (redacted), ``status`` ``ok``, ``http_NNN``, ``timeout``, ``unreachable`` or ``bad_body``.
+    Tokens come from the API's ``usage``; ``cost_usd`` from the price settings.
+    """
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="model_calls")
+    seq = models.PositiveIntegerField()
+    model = models.CharField(max_length=120)
+    status = models.CharField(max_length=20)
+    request = models.TextField(blank=True)
+    response = models.TextField(blank=True)
+    error = models.TextField(blank=True)
+    tokens_in = models.PositiveIntegerField(default=0)
+    tokens_out = models.PositiveIntegerField(default=0)
+    cost_usd = models.FloatField(default=0.0)
+    created_at = models.DateTimeField()
+    duration_ms = models.FloatField(null=True)
+
+    class Meta:
+        ordering = ["run", "seq"]
 
 
 class Step(models.Model):

@@ -246,7 +246,8 @@ def isolated(sc: Scenario):
 
 def make_planner(sc: Scenario, raw: dict, *, cycle: int = 0):
     """The planner the file names for ``cycle``: ``ScriptPlanner`` (the file's steps verbatim in
-    cycle 0, nothing later) or ``RulesPlanner()``."""
+    cycle 0, nothing later), ``RulesPlanner()``, or for ``llm`` an ``LlmPlanner`` against a
+    stand-in server playing ``model_responses`` in cycle 0 (nothing later)."""
     if sc.planner == "script":
         from agent.planners.script import ScriptPlanner
 
@@ -255,7 +256,34 @@ def make_planner(sc: Scenario, raw: dict, *, cycle: int = 0):
         from agent.planners.rules import RulesPlanner
 
         return RulesPlanner()
-    raise ScenarioFileError(f"{sc.name}: planner 'llm' (model_responses) is not supported by replay yet")
+    if cycle > 0:  # like `script`: the recorded responses belong to cycle 0 (and its resumes)
+        from agent.planners.script import ScriptPlanner
+
+        return ScriptPlanner([])
+    return llm_planner(sc.model_responses or [])
+
+
+#: seconds the `llm` planner waits for the stand-in in replay (a `{"timeout": true}` entry)
+REPLAY_MODEL_TIMEOUT_S = 1.0
+
+
+def llm_planner(responses: list):
+    """An ``LlmPlanner`` pointed at a fresh :class:`agent.model_standin.StandIn` playing
+    ``responses`` — the console's code path, the HTTP wire format included. The stand-in is the
+    planner's ``standin`` attribute; :func:`run_scenario` stops it."""
+    from django.conf import settings
+
+    from agent.model_client import ModelConfig
+    from agent.model_standin import StandIn
+    from agent.planners.llm import LlmPlanner
+
+    standin = StandIn(responses).start()
+    m = settings.MODEL
+    planner = LlmPlanner(ModelConfig(base_url=standin.base_url, model="standin", timeout_s=REPLAY_MODEL_TIMEOUT_S,
+                                     max_tokens=m["MAX_TOKENS"], temperature=m["TEMPERATURE"],
+                                     price_in=m["PRICE_IN"], price_out=m["PRICE_OUT"]))
+    planner.standin = standin
+    return planner
 
 
 def _turn_index(runs) -> dict[tuple[int, int], int]:
@@ -442,12 +470,17 @@ def run_scenario(sc: Scenario, raw: dict, *, path: str = "") -> dict:
     with isolated(sc) as provider:
         setup_world(sc, provider)
         replay = Replay(sc, raw, provider, path=path)
-        replay.heartbeat(0)
-        replay.mark(0)
-        for n, m in enumerate(sc.timeline):
-            replay.moment(n, m)
-            replay.mark(n + 1)
-        replay.unused_decisions()
+        try:
+            replay.heartbeat(0)
+            replay.mark(0)
+            for n, m in enumerate(sc.timeline):
+                replay.moment(n, m)
+                replay.mark(n + 1)
+            replay.unused_decisions()
+        finally:
+            for planner in replay.planners.values():
+                if getattr(planner, "standin", None) is not None:
+                    planner.standin.stop()
         report = build_report(replay.runs().order_by("number"), name=sc.name, cycle_marks=replay.cycle_marks,
                               last=replay.last_run)
         report["final_fleet"] = provider.statuses()

@@ -39,6 +39,9 @@ def final_report(run: Run) -> str:
         lines.append(f"Demand was {demand.get('state')}: {demand.get('error') or 'no fresh read'} (counts unknown, not zero).")
     if run.halt_detail:
         lines.append(f"Why it stopped: {run.halt_detail}")
+    from agent.planners.llm import FALLBACK_NOTE
+
+    lines.extend(run.steps.filter(kind="message", actor="system", text__startswith=FALLBACK_NOTE).values_list("text", flat=True))
     lines.append("Done: " + (", ".join(_call(s) + (" (approved)" if s.outcome == "approved_executed" else "") for s in done) or "nothing"))
     if refused:
         lines.append("Refused: " + "; ".join(f"{_call(s)} — {s.reason_code}: {s.detail}" for s in refused))

@@ -620,6 +620,23 @@ class Scenario(_Strict):
             raise ValueError("has no time zone; end it with Z (UTC) or an offset such as +02:00")
         return v
 
+    @field_validator("model_responses")
+    @classmethod
+    def _model_responses(cls, v):
+        """Each entry is a JSON object: a body (served 200), ``{"http_status": 100..599, "body"}``
+        or ``{"timeout": true}`` (SCENARIOS.md ``model_responses``)."""
+        for n, entry in enumerate(v or []):
+            if not isinstance(entry, dict):
+                raise ValueError(f"[{n}] must be a JSON object: a chat-completion body, "
+                                 '{"http_status": N, "body": ...} or {"timeout": true}')
+            if "timeout" in entry and entry["timeout"] is not True:
+                raise ValueError(f'[{n}].timeout must be true (a request that never answers); leave it out otherwise')
+            if "http_status" in entry:
+                code = entry["http_status"]
+                if isinstance(code, bool) or not isinstance(code, int) or not 100 <= code <= 599:
+                    raise ValueError(f"[{n}].http_status must be an HTTP status between 100 and 599 (got {_clip(repr(code))})")
+        return v
+
     @field_validator("objectives")
     @classmethod
     def _objective_keys(cls, v: dict) -> dict:

@@ -136,6 +136,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "console.context_processors.planner",
             ],
         },
     }
@@ -294,4 +295,19 @@ WARDEN = {
     "PROOF_SECONDS": envfloat("WARDEN_PROOF_SECONDS", 20),
     "LOCAL_DPH": envfloat("WARDEN_LOCAL_DPH", 0.0),
     "STOP_GRACE_S": envfloat("WARDEN_STOP_GRACE_S", 10),
+}
+
+# --- the model (the `llm` planner; agent/model_client.py) -------------------------------------
+# Any OpenAI-compatible chat-completions endpoint. No base URL or no model: the `rules` planner
+# runs. The API key is a reference (an env var's name or a file path), resolved at each call.
+MODEL = {
+    "BASE_URL": os.environ.get("WARDEN_MODEL_BASE_URL", "").strip(),
+    "MODEL": os.environ.get("WARDEN_MODEL", "").strip(),
+    "API_KEY_ENV": os.environ.get("WARDEN_MODEL_API_KEY_ENV", "").strip(),
+    "API_KEY_FILE": os.environ.get("WARDEN_MODEL_API_KEY_FILE", "").strip(),
+    "TIMEOUT_S": envfloat("WARDEN_MODEL_TIMEOUT_S", 60),
+    "MAX_TOKENS": envint("WARDEN_MODEL_MAX_TOKENS", 2048, minimum=1),
+    "TEMPERATURE": envfloat("WARDEN_MODEL_TEMPERATURE", 0.2),
+    "PRICE_IN": envfloat("WARDEN_MODEL_PRICE_IN", 0.0),
+    "PRICE_OUT": envfloat("WARDEN_MODEL_PRICE_OUT", 0.0),
 }

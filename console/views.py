@@ -139,8 +139,20 @@ def cards_context() -> dict:
         counts_known=ctx["demand"] is not None and ctx["demand_state"] != "unknown",
         counts_stale=not ok and ctx["demand"] is not None and ctx["demand_state"] != "unknown",
         last_run=Run.objects.order_by("-number").only("number", "status", "started_at", "trigger").first(),
+        model_today=model_spend_today(),
     )
     return ctx
+
+
+def model_spend_today() -> dict:
+    """The model's spend since 00:00 UTC today (``fleet.clock``): ``{"cost": dollars, "tokens_in",
+    "tokens_out", "calls"}`` summed over ``ModelCall`` rows."""
+    from agent.models import ModelCall
+
+    start = clock.now().replace(hour=0, minute=0, second=0, microsecond=0)
+    agg = ModelCall.objects.filter(created_at__gte=start).aggregate(
+        cost=Sum("cost_usd"), tokens_in=Sum("tokens_in"), tokens_out=Sum("tokens_out"), calls=Count("id"))
+    return {k: v or 0 for k, v in agg.items()}
 
 
 def fleet_context(show_killed: bool) -> dict:
@@ -265,7 +277,8 @@ def runs_page(request: HtmxHttpRequest) -> HttpResponse:
 def run_detail(request: HtmxHttpRequest, number: int) -> HttpResponse:
     """One run: halt reason, the honest report, entailment flags, and every step of its trace with its
     outcome and reason code (observe-only refusals as "would have done"; parked calls with their
-    approval inline). htmx GET: the trace only."""
+    approval inline), and each model call: what was sent (redacted) and what came back, tokens and
+    cost. htmx GET: the trace only."""
     run = Run.objects.annotate(step_count=Count("steps")).filter(number=number).first()
     if run is None:
         raise Http404(f"no run {number}")
@@ -276,7 +289,7 @@ def run_detail(request: HtmxHttpRequest, number: int) -> HttpResponse:
         if a is not None:
             a.seconds_left = (a.expires_at - now).total_seconds()
             a.run, a.step = run, s
-    ctx = _page_context(request, run=run, steps=steps, now=now,
+    ctx = _page_context(request, run=run, steps=steps, now=now, model_calls=list(run.model_calls.order_by("seq")),
                         would_have=sum(1 for s in steps if s.reason_code == "observe_only"))
     if _is_region(request):
         return render(request, "console/partials/run_trace.html", ctx)

@@ -1,0 +1,9 @@
+"""Template context every page gets."""
+
+
+def planner(request) -> dict:
+    """``active_planner``: which planner runs and, for ``llm``, the model by name
+    (``agent.model_client.active_planner``; never the key)."""
+    from agent.model_client import active_planner
+
+    return {"active_planner": active_planner()}

@@ -1,0 +1,34 @@
+"""Smoke test against a real model server: the `llm` planner's request is accepted and its answer
+becomes a turn. Skipped unless ``WARDEN_TEST_MODEL_URL`` names an OpenAI-compatible base URL
+(e.g. ``http://127.0.0.1:8080/v1`` for ``llama-server --jinja -m MODEL.gguf``);
+``WARDEN_TEST_MODEL_NAME`` names the model (default ``local``).
+"""
+
+import os
+
+import pytest
+
+from agent.model_client import ModelConfig, chat
+from agent.planners.llm import tool_schemas, turn_from_message
+from agent.prompt import system_prompt
+
+URL = os.environ.get("WARDEN_TEST_MODEL_URL", "")
+
+pytestmark = [pytest.mark.model, pytest.mark.skipif(not URL, reason="WARDEN_TEST_MODEL_URL is not set")]
+
+
+@pytest.mark.django_db
+def test_a_real_model_answers_a_question_as_a_turn():
+    from django.utils import timezone
+
+    from agent.models import ModelCall, Run
+
+    run = Run.objects.create(number=1, trigger="test", planner="llm", started_at=timezone.now())
+    cfg = ModelConfig(base_url=URL, model=os.environ.get("WARDEN_TEST_MODEL_NAME", "local"), timeout_s=120, max_tokens=256)
+    summary = {"instances": [{"id": "local-1", "status": "running"}], "demand": {"state": "ok", "queued": 3}}
+    messages = [{"role": "system", "content": system_prompt(summary)},
+                {"role": "user", "content": "How many instances are running? Answer in one sentence."}]
+    reply = chat(cfg, messages, tool_schemas(), run=run)
+    turn = turn_from_message(reply.message)
+    assert turn.text or turn.calls
+    assert ModelCall.objects.get(run=run).status == "ok"
