@@ -297,3 +297,16 @@ def test_a_streamed_request_retries_a_timeout_500_and_429_then_gives_up():
             chat(cfg, [{"role": "user", "content": "q"}], [], run=run, on_delta=lambda k, t: None)
     assert (err.value.kind, err.value.attempts) == ("transient", 3)
     assert list(ModelCall.objects.filter(run=run).values_list("status", flat=True)) == ["timeout", "http_500", "http_429"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_remembered_facts_reach_the_prompt_s_middle_tier(priced):
+    """What the agent remembers (agent.memory) is recalled into the system prompt, between the
+    opening summary and the hard rules (seed 002's tiers)."""
+    from agent.memory import remember
+
+    remember("provider_note", "host 5512", "reboots fix its Xid 79 within 2 minutes", importance=0.9)
+    report, run = _replay("llm-plain-answer")
+    system = json.loads(ModelCall.objects.get(run=run).request)["messages"][0]["content"]
+    assert "[provider_note] host 5512: reboots fix its Xid 79" in system
+    assert system.index('"v-101"') < system.index("host 5512") < system.index("Hard rules")

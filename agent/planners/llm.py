@@ -75,12 +75,15 @@ class LlmPlanner(Planner):
         self._fallback_at = 0
 
     def messages(self, ctx) -> list[dict]:
-        """System prompt (tiers) plus the budgeted history of the session."""
+        """System prompt (tiers, with facts recalled for the operator's message in the middle) plus the
+        budgeted history of the session."""
         from agent.context import build_context
+        from agent.memory import recall_for_prompt
         from agent.models import SessionState
         from agent.prompt import system_prompt
 
-        system = system_prompt(ctx.world.summary(), objectives=SessionState.get().objectives)
+        recalled = "\n".join(recall_for_prompt(ctx.message or "", limit=8))  # the middle tier (seed 002)
+        system = system_prompt(ctx.world.summary(), objectives=SessionState.get().objectives, recalled=recalled)
         return build_context(run=ctx.run, system=system).messages
 
     def next_turn(self, ctx) -> Turn | None:
