@@ -319,6 +319,10 @@ def _drive(tc: TurnContext, planner) -> None:
             run.status = "parked"
             break
         tc.turn_index += 1
+    if not run.final_answer and run.trigger == "chat" and hasattr(planner, "chat_answer"):
+        # parked or halted before its final turn: the operator still gets an answer in words
+        # (the verdict stays unknown; a resumed run's final turn replaces this answer)
+        run.final_answer = redact(planner.chat_answer(tc))[:8000]
     if halt is not None:
         run.status = "halted"
         run.halt_reason, run.halt_detail = halt.code, redact(halt.detail)
