@@ -14,15 +14,17 @@ the entailment check (``agent.report.entailment_flags``) finds them.
 
 import re
 
-#: a verb that changes the fleet; with an instance id, "all"/"every", or at the start it is an
-#: instruction rather than a question
-_VERBS = r"(?:stop|start|launch|destroy|kill|terminate|reboot|restart|resume|retire|scale|cordon|uncordon|rent|shut\s+down|add|remove)"
-_INSTRUCTION_START = re.compile(rf"^\s*(?:please\s+|pls\s+|now\s+)?{_VERBS}\b", re.I)
-_INSTRUCTION_TARGET = re.compile(
-    rf"\b{_VERBS}\b[^.?!\n]{{0,40}}?(?:\b[a-z]{{1,40}}-\d{{1,20}}\b|\b(?:all|every|the)\s+(?:workers?|instances?|machines?)\b)",
-    re.I,
-)
+#: verbs that change the fleet: with an instance id or "all/every/the workers" after them, or
+#: first in the message, they make it an instruction rather than a question
+VERBS = {"stop", "start", "launch", "destroy", "kill", "terminate", "reboot", "restart", "resume", "retire",
+         "scale", "cordon", "uncordon", "rent", "shut", "add", "remove"}
+QUESTION_WORDS = {"why", "what", "how", "when", "which", "who", "is", "are", "did", "does", "do", "was", "were"}
+#: polite words skipped before the verb ("please stop …", "can you reboot …")
+_POLITE = {"please", "pls", "now", "kindly", "can", "could", "would", "you", "just"}
+_NOUNS = {"worker", "workers", "instance", "instances", "machine", "machines"}
+#: an instance id as Warden names them (bounded repeats: tests/test_regex_fuzz.py)
 _ID = re.compile(r"\b[a-z]{1,40}-\d{1,20}\b", re.I)
+_PUNCT = str.maketrans({c: " " for c in ".,;:!?()[]{}\"'`"})
 
 NO_MODEL = "No model is configured, so I answer from the observed state (the built-in rules planner ran this cycle)."
 
@@ -30,13 +32,22 @@ NO_MODEL = "No model is configured, so I answer from the observed state (the bui
 def is_instruction(text: str) -> bool:
     """Whether an operator message asks for a fleet change ("please stop local-5", "launch two
     more") rather than a question. A question that merely mentions a verb ("why did you stop
-    local-5?") is a question."""
-    text = (text or "").strip()
-    if not text:
+    local-5?") is a question. Word-based, linear in the text."""
+    words = (text or "").lower().translate(_PUNCT).split()
+    if not words or words[0] in QUESTION_WORDS:
         return False
-    if re.match(r"^\s*(?:why|what|how|when|which|who|is|are|did|does|do|was|were|can\s+you\s+tell)\b", text, re.I):
-        return False
-    return bool(_INSTRUCTION_START.search(text) or _INSTRUCTION_TARGET.search(text))
+    first = next((w for w in words if w not in _POLITE), "")
+    if first in VERBS:
+        return True
+    for i, w in enumerate(words):
+        if w not in VERBS:
+            continue
+        after = words[i + 1:i + 7]
+        if any(_ID.fullmatch(t) for t in after):
+            return True
+        if any(t in ("all", "every", "the") and n in _NOUNS for t, n in zip(after, after[1:], strict=False)):
+            return True
+    return False
 
 
 def _n(value) -> str:

@@ -21,7 +21,7 @@ from django.db import transaction
 from agent.breakers import BreakerState, Halt
 from agent.models import Approval, Run, SessionState, Step
 from agent.observe import World, observe, void_gone_approvals
-from agent.planners.base import parse_verdict
+from agent.planners.base import has_verdict_block, parse_verdict
 from agent.policy import effective_limits, effective_policy
 from agent.report import entailment_flags, final_report
 from fleet.clock import clock
@@ -296,6 +296,13 @@ def _drive(tc: TurnContext, planner) -> None:
             if verdict is not None:
                 run.verdict_action, run.verdict_state_changed = verdict
                 run.included_in_prompt = any(verdict)
+                run.final_answer = redact(turn.text)[:8000]
+                run.status = "done"
+                break
+            if has_verdict_block(turn.text):
+                # a final answer whose verdict is malformed: recorded as unknown, never guessed;
+                # the run stays in the prompt (it is not known to be a no-op)
+                run.verdict_action = run.verdict_state_changed = None
                 run.final_answer = redact(turn.text)[:8000]
                 run.status = "done"
                 break
