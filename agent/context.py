@@ -247,14 +247,14 @@ def extractive_summary(lines: list[str]) -> str:
     return "\n".join(f"- {line}" + (f" (×{n})" if n > 1 else "") for line, n in out)
 
 
-def _render(runs: dict[int, Run], steps: list[dict], current: Run | None) -> list[list[dict]]:
+def _render(runs: dict[int, int], steps: list[dict], answers: dict[int, str]) -> list[list[dict]]:
     """Steps (oldest first) as units: lists of messages that must stay together."""
     units: list[list[dict]] = []
     last_observe = max((s["id"] for s in steps if s["kind"] == "observe"), default=None)
     i = 0
     while i < len(steps):
         s = steps[i]
-        run = runs[s["run_id"]]
+        number = runs[s["run_id"]]
         if s["kind"] == "message":
             units.append([{"role": "user", "content": s["text"], "_step": s["id"],
                            "_line": f"{s['actor']}: {_clip(s['text'])}"}])
@@ -262,9 +262,9 @@ def _render(runs: dict[int, Run], steps: list[dict], current: Run | None) -> lis
             if s["id"] == last_observe:
                 units.append([{"role": "user", "content": as_data("world", s["observation"]), "_step": s["id"]}])
         elif s["kind"] == "text":
-            if run.final_answer and s["text"] == run.final_answer:
+            if answers.get(s["run_id"]) and s["text"] == answers[s["run_id"]]:
                 units.append([{"role": "assistant", "content": s["text"], "_step": s["id"],
-                               "_line": f"agent answered (run {run.number}): {_clip(without_verdicts(s['text']))}"}])
+                               "_line": f"agent answered (run {number}): {_clip(without_verdicts(s['text']))}"}])
         elif s["kind"] == "call" and s["actor"] != "agent":
             note = f"{s['actor']} ran {s['tool']} {canonical_json(s['args'])}: {s['outcome']} {s['reason_code']}".strip()
             units.append([{"role": "user", "content": as_data(s["actor"], note + "\n" + (s["observation"] or "")),
@@ -277,12 +277,12 @@ def _render(runs: dict[int, Run], steps: list[dict], current: Run | None) -> lis
                 i += 1
                 group.append(steps[i])
             assistant = {"role": "assistant", "content": None, "tool_calls": [
-                {"id": _call_id(run.number, c), "type": "function",
+                {"id": _call_id(number, c), "type": "function",
                  "function": {"name": c["tool"] or "unknown", "arguments": c["raw_arguments"] or json.dumps(c["args"] or {})}}
                 for c in group]}
             assistant["_line"] = "; ".join(_outcome_line(c) for c in group)
             unit = [assistant] + [
-                {"role": "tool", "tool_call_id": _call_id(run.number, c), "content": _tool_content(c), "_step": c["id"],
+                {"role": "tool", "tool_call_id": _call_id(number, c), "content": _tool_content(c), "_step": c["id"],
                  "_tool": c["tool"]}
                 for c in group]
             units.append(unit)
@@ -317,22 +317,27 @@ def build_context(*, run: Run | None = None, budget_tokens: int = DEFAULT_BUDGET
 
         thresholds = tuple(effective_limits().repeat_reminders)
     epoch = SessionState.get().epoch
-    runs = {r.pk: r for r in Run.objects.filter(epoch=epoch).exclude(status="queued").only(
-        "id", "number", "included_in_prompt", "final_answer", "status")}
-    keep = {pk for pk, r in runs.items() if r.included_in_prompt or (run is not None and r.pk == run.pk)}
+    from django.db.models import Q
+
+    wanted = Q(included_in_prompt=True) | Q(pk=run.pk) if run is not None else Q(included_in_prompt=True)
+    # (pk, number) of the runs in the prompt, newest first: tuples, not model instances
+    order_numbers = list(Run.objects.filter(epoch=epoch).exclude(status="queued").filter(wanted)
+                         .order_by("-number").values_list("id", "number"))
+    runs = dict(order_numbers)
     if run is not None and run.pk not in runs:
-        runs[run.pk] = run
-        keep.add(run.pk)
+        runs[run.pk] = run.number
+        order_numbers.insert(0, (run.pk, run.number))
     budget_chars = budget_tokens * CHARS_PER_TOKEN
 
-    # newest first, until the budget is clearly spent and the repeat chain is settled
-    qs = (Step.objects.filter(run_id__in=keep, kind__in=["message", "observe", "text", "call"])
-          .order_by("-run__number", "-seq").values(*_STEP_FIELDS))
+    # newest first, until the budget is clearly spent and the repeat chain is settled: read run by
+    # run in growing chunks (each query an index range on (run, seq)), never the whole history
+    order = [pk for pk, _ in order_numbers]
     newest_first: list[dict] = []
     chars, cut = 0, False
     chain_open, chain_sig, chain_n = True, None, 0
     max_threshold = max(thresholds) if thresholds else 0
-    for s in qs.iterator(chunk_size=500):
+    answers: dict[int, str] = {}
+    for s in _newest_steps(order, answers):
         newest_first.append(s)
         chars += len(s["observation"] or "") + len(s["text"] or "") + len(s["raw_arguments"] or "") + 40
         if chain_open:
@@ -361,7 +366,7 @@ def build_context(*, run: Run | None = None, budget_tokens: int = DEFAULT_BUDGET
                 break
             at.pop(s["id"], None)
 
-    units = _render(runs, steps, run)
+    units = _render(runs, steps, answers)
     # advisory reminders go right after the unit of the call that reached a threshold
     with_reminders: list[list[dict]] = []
     reminders = []
@@ -375,7 +380,7 @@ def build_context(*, run: Run | None = None, budget_tokens: int = DEFAULT_BUDGET
 
     flat = [m for u in units for m in u]
     elided = _elide_old_outputs(flat)
-    older = _older_history(keep, steps[0]) if cut and steps else ""
+    older = _older_history(order, steps[0]) if cut and steps else ""
     ctx = assemble(units, budget_tokens=budget_tokens, system=system, summarize=summarize, older=older)
     ctx.elided = elided
     ctx.repeat_count = count
@@ -385,17 +390,43 @@ def build_context(*, run: Run | None = None, budget_tokens: int = DEFAULT_BUDGET
     return ctx
 
 
-def _older_history(keep: set[int], oldest: dict) -> str:
-    """One line counting the agent's calls older than the window read (by tool and outcome): one
-    aggregate query, so the summary still says what happened before, whatever the history's size."""
+def _newest_steps(order: list[int], answers: dict[int, str]):
+    """Step dicts of the runs ``order`` (run pks, newest first), newest step first, read in
+    chunks of 8, 16, 32… runs; fills ``answers`` (run pk → final answer) for the runs read."""
+    size, i = 8, 0
+    while i < len(order):
+        chunk = order[i:i + size]
+        i += size
+        size *= 2
+        answers.update(Run.objects.filter(pk__in=chunk).exclude(final_answer="").values_list("pk", "final_answer"))
+        rows = list(Step.objects.filter(run_id__in=chunk, kind__in=["message", "observe", "text", "call"])
+                    .values(*_STEP_FIELDS))
+        rank = {pk: n for n, pk in enumerate(chunk)}
+        rows.sort(key=lambda s: (rank[s["run_id"]], -s["seq"]))
+        yield from rows
+
+
+#: the running summary counts the calls of at most this many runs before the window read
+OLDER_RUNS = 200
+
+
+def _older_history(order: list[int], oldest: dict) -> str:
+    """One line counting the agent's calls before the window read, by tool and outcome, over at
+    most :data:`OLDER_RUNS` runs (one aggregate query on the (run, seq) index: its cost does not
+    grow with the session), and how many runs lie beyond that."""
     from django.db.models import Count, Q
 
-    number = Run.objects.filter(pk=oldest["run_id"]).values_list("number", flat=True).first()
-    rows = (Step.objects.filter(run_id__in=keep, kind="call", actor="agent")
-            .filter(Q(run__number__lt=number) | Q(run_id=oldest["run_id"], seq__lt=oldest["seq"]))
+    idx = order.index(oldest["run_id"])
+    older = order[idx + 1:idx + 1 + OLDER_RUNS]
+    rows = (Step.objects.filter(kind="call", actor="agent")
+            .filter(Q(run_id__in=older) | Q(run_id=oldest["run_id"], seq__lt=oldest["seq"]))
             .values("tool", "outcome").annotate(n=Count("id")).order_by("-n")[:12])
     parts = [f"{r['tool']} {r['outcome'] or 'no outcome'} ×{r['n']}" for r in rows]
-    return ("earlier in the session: " + ", ".join(parts)) if parts else ""
+    beyond = len(order) - idx - 1 - len(older)
+    line = ("earlier in the session: " + ", ".join(parts)) if parts else ""
+    if beyond > 0:
+        line += f"{'; ' if line else ''}{beyond} older runs not summarised"
+    return line
 
 
 def _fits_raw(msgs: list[dict]) -> int:
