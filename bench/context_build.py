@@ -48,10 +48,10 @@ def fill(upto: int, state: dict) -> None:
                                               '{"action": true, "state_changed": false}</verdict>')
         seq = 0
 
-        def add(**kw):
+        def add(_run=run, _steps=steps, **kw):
             nonlocal seq
             seq += 1
-            steps.append(Step(run=run, seq=seq, created_at=now, **kw))
+            _steps.append(Step(run=_run, seq=seq, created_at=now, **kw))
 
         if n % 7 == 0:
             add(kind="message", actor="user:alice", text=f"how many workers are live on run {n}, and why?")

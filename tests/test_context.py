@@ -213,6 +213,19 @@ def test_older_history_is_folded_into_an_extractive_running_summary():
     assert "MODEL SUMMARY of " in ctx.messages[1]["content"]
 
 
+def test_history_beyond_the_window_read_is_counted_by_tool_and_outcome():
+    for r in range(12):
+        t = Trace(new_run())
+        for i in range(8):
+            t.call(tool="launch_instance" if r < 6 else "list_instances", args={"i": f"{r}-{i}"},
+                   outcome="refused" if r < 6 else "executed", reason_code="cap_reached" if r < 6 else "",
+                   observation="ok: true\n" + "w" * 400)
+    ctx = build_context(budget_tokens=1000)
+    assert ctx.tokens <= 1000
+    assert "earlier in the session: launch_instance refused ×48" in ctx.summary
+    check_pairs(ctx.messages)
+
+
 def test_calibration_from_reported_prompt_tokens_keeps_the_budget():
     from agent.context import CALIBRATION, calibrate
 
