@@ -47,6 +47,8 @@ def test_a_question_is_answered_from_the_observed_state(client, alice, broker_qu
     assert "No model is configured" in html and "Not heartbeating: local-5" in html
     assert "Done: nothing" not in html and "verdict" not in html
     assert "chat instructions are not acted on" not in answer  # a question is not an instruction
+    # every id and number the answer cites is in the cycle's own observations (entailment)
+    assert run.entailment_flags == []
 
 
 def test_an_instruction_is_said_not_to_be_acted_on_and_what_to_do_instead(client, alice, broker_queue):
@@ -61,6 +63,7 @@ def test_an_instruction_is_said_not_to_be_acted_on_and_what_to_do_instead(client
     assert "This cycle made no tool calls" in answer
     assert not run.steps.filter(kind="call", tool="stop_instance").exists()
     assert "chat instructions are not acted on" in html and "Done: nothing" not in html
+    assert run.entailment_flags == [] and run.verdict_action is False
 
 
 def test_a_refusal_is_reported_with_its_code_and_detail(client, alice, broker_queue):
