@@ -101,3 +101,12 @@ def test_what_waits_for_approval_from_earlier_cycles_is_listed(client, alice, br
 ])
 def test_instructions_are_told_from_questions(text, expected):
     assert is_instruction(text) is expected
+
+
+def test_unknown_demand_is_said_unknown_never_zero(client, alice, broker_queue):
+    client.force_login(alice)
+    with rails_world(None, {"state": "unknown", "error": "HarmonyDB unreachable"}):
+        run, _ = ask(client, "how many tasks are queued?")
+    answer = run.final_answer
+    assert "Demand could not be read (unknown" in answer and "unknown, not zero" in answer
+    assert "Queue:" not in answer and "0 tasks" not in answer
