@@ -327,7 +327,7 @@ def build_context(*, run: Run | None = None, budget_tokens: int = DEFAULT_BUDGET
     if run is not None and run.pk not in runs:
         runs[run.pk] = run.number
         order_numbers.insert(0, (run.pk, run.number))
-    budget_chars = budget_tokens * CHARS_PER_TOKEN
+    budget_chars = int(budget_tokens * CHARS_PER_TOKEN / CALIBRATION.factor)  # the window read, in characters
 
     # newest first, until the budget is clearly spent and the repeat chain is settled: read run by
     # run in growing chunks (each query an index range on (run, seq)), never the whole history
