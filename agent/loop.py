@@ -21,7 +21,7 @@ from django.db import transaction
 from agent.breakers import BreakerState, Halt
 from agent.models import Approval, Run, SessionState, Step
 from agent.observe import World, observe, void_gone_approvals
-from agent.planners.base import parse_verdict
+from agent.planners.base import has_verdict_block, parse_verdict
 from agent.policy import effective_limits, effective_policy
 from agent.report import entailment_flags, final_report
 from fleet.clock import clock
@@ -307,6 +307,13 @@ def _drive(tc: TurnContext, planner) -> None:
                 run.final_answer = redact(turn.text)[:8000]
                 run.status = "done"
                 break
+            if has_verdict_block(turn.text):
+                # a final answer whose verdict is malformed: recorded as unknown, never guessed;
+                # the run stays in the prompt (it is not known to be a no-op)
+                run.verdict_action = run.verdict_state_changed = None
+                run.final_answer = redact(turn.text)[:8000]
+                run.status = "done"
+                break
             tc.breakers.record_text()
             halt = tc.breakers.after_text()
             if halt is not None:
@@ -327,6 +334,10 @@ def _drive(tc: TurnContext, planner) -> None:
             run.status = "parked"
             break
         tc.turn_index += 1
+    if not run.final_answer and run.trigger == "chat" and hasattr(planner, "chat_answer"):
+        # parked or halted before its final turn: the operator still gets an answer in words
+        # (the verdict stays unknown; a resumed run's final turn replaces this answer)
+        run.final_answer = redact(planner.chat_answer(tc))[:8000]
     if halt is not None:
         run.status = "halted"
         run.halt_reason, run.halt_detail = halt.code, redact(halt.detail)

@@ -48,6 +48,7 @@ from agent.actions import (
 )
 from agent.approvals import DecisionError, do_decide
 from agent.models import Approval, AuditLog, Run, SessionState, Step
+from agent.planners.base import without_verdicts
 from agent.policy import effective_limits, effective_policy
 from console import health
 from console.forms import (
@@ -172,7 +173,7 @@ def runs_context(limit: int) -> dict:
 
 
 def chat_context() -> dict:
-    """The chat: operator messages of chat runs and each chat run's final report, oldest first."""
+    """The chat: operator messages of chat runs and each chat run's answer (else its final report), oldest first."""
     epoch = SessionState.get().epoch  # "Reset session" clears the chat: only this epoch's
     msgs = list(
         Step.objects.filter(kind="message", run__trigger="chat", run__epoch=epoch)
@@ -183,8 +184,11 @@ def chat_context() -> dict:
         Run.objects.filter(trigger="chat", epoch=epoch).exclude(final_report="").order_by("-number")[:CHAT_ITEMS]
     )
     items = [{"kind": "message", "at": s.created_at, "actor": s.actor, "text": s.text, "run": s.run} for s in msgs]
+    # the agent's answer (its verdict block parsed, never shown); the runtime's report when the
+    # run ended without one (halted, failed)
     items += [
-        {"kind": "report", "at": r.ended_at or r.started_at, "actor": "agent", "text": r.final_report, "run": r}
+        {"kind": "report", "at": r.ended_at or r.started_at, "actor": "agent", "run": r,
+         "text": without_verdicts(r.final_answer, sep=" ", strip=True).strip() or r.final_report}
         for r in reports
     ]
     items.sort(key=lambda item: (item["at"], item["kind"] == "report"))

@@ -3,8 +3,17 @@
 ``make test`` points DATABASE_URL / HARMONY_DATABASE_URL / REDIS_URL at the local servers.
 """
 
+import os
+
 import pytest
 from django.contrib.auth.models import Group, User
+from hypothesis import settings as hypothesis_settings
+
+# The fuzz and property tests are the same every run (a CI run is a verdict, not a lottery); run
+# them with HYPOTHESIS_PROFILE=explore to draw new examples.
+hypothesis_settings.register_profile("warden", derandomize=True, deadline=None)
+hypothesis_settings.register_profile("explore", deadline=None, max_examples=1000)
+hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "warden"))
 
 
 @pytest.fixture(scope="session")

@@ -39,7 +39,8 @@ class Trace:
         if turn is None:
             turn, self.turn = self.turn, self.turn + 1
         args = {} if args is None else args
-        return self.add(kind="call", turn=turn, tool=tool, args=args, raw_arguments="{}", outcome="executed",
+        fields.setdefault("outcome", "executed")
+        return self.add(kind="call", turn=turn, tool=tool, args=args, raw_arguments="{}",
                         observation=observation, **fields)
 
 
@@ -162,13 +163,94 @@ def test_near_miss_within_the_budget_nothing_is_omitted():
     assert ctx.omitted == 0 and len([m for m in ctx.messages if m["role"] == "tool"]) == 5
 
 
-def test_a_single_unit_larger_than_the_budget_is_cut_not_dropped():
+def test_a_single_oversized_result_is_cut_head_and_tail_with_a_marker():
     t = Trace(new_run())
-    t.call(observation="ok: true\n" + "z" * 20_000)
+    t.call(observation="ok: true\nHEAD" + "z" * 20_000 + "TAIL")
     ctx = build_context(budget_tokens=1000)
-    assert ctx.over_budget
+    assert ctx.tokens <= 1000 and ctx.cut == 1 and ctx.omitted == 0
     check_pairs(ctx.messages)
-    assert "characters removed" in ctx.messages[-1]["content"]
+    result = ctx.messages[-1]["content"]
+    assert result.startswith(OBS_HEAD) and "HEAD" in result
+    assert result.rstrip().endswith("</observation>") and "TAIL" in result
+    assert "characters removed" in result
+    # near miss: a result within its share of the budget is not cut
+    t.call(observation="ok: true\n" + "s" * 500)
+    ctx = build_context(budget_tokens=1000)
+    assert "s" * 500 in ctx.messages[-1]["content"]
+
+
+def test_a_batch_whose_arguments_alone_exceed_the_budget_goes_to_the_summary():
+    t = Trace(new_run())
+    t.call(tool="get_demand", observation="ok: true\nsmall")
+    huge = "{" + '"note": "' + "q" * 6000 + '"}'
+    for pos in range(3):
+        t.add(kind="call", turn=9, position=pos, batch=True, tool="search_offers", args={"n": pos},
+              raw_arguments=huge, outcome="refused", reason_code="invalid_args", observation="ok: false")
+    ctx = build_context(budget_tokens=1000)
+    assert ctx.tokens <= 1000 and ctx.over_budget
+    check_pairs(ctx.messages)
+    assert "search_offers() → refused invalid_args (×3)" not in ctx.summary  # one unit: one line
+    assert "search_offers() → refused invalid_args; search_offers() → refused invalid_args" in ctx.summary
+
+
+def test_older_history_is_folded_into_an_extractive_running_summary():
+    t = Trace(new_run())
+    t.add(kind="message", actor="user:alice", text="keep two workers warm tonight")
+    for _ in range(30):
+        t.call(tool="stop_instance", args={"instance_id": "local-5", "reason": "idle"}, outcome="refused",
+               reason_code="demand_present", observation="ok: false — demand_present: 4 queued " + "p" * 300)
+    for i in range(10):
+        t.call(args={"status": f"n{i}"}, observation="ok: true\n" + "r" * 300)
+    ctx = build_context(budget_tokens=2000)
+    assert ctx.tokens <= 2000 and ctx.omitted > 0
+    summary = ctx.messages[1]["content"]
+    assert summary.startswith("[runtime] ") and "earlier messages of this session were omitted" in summary
+    assert "- user:alice: keep two workers warm tonight" in summary
+    assert "stop_instance(local-5) → refused demand_present (×" in summary  # repeats collapsed
+    check_pairs(ctx.messages)
+    # a model's summariser, when configured, replaces the extractive one
+    ctx = build_context(budget_tokens=2000, summarize=lambda lines: f"MODEL SUMMARY of {len(lines)} units")
+    assert "MODEL SUMMARY of " in ctx.messages[1]["content"]
+
+
+def test_history_beyond_the_window_read_is_counted_by_tool_and_outcome():
+    for r in range(12):
+        t = Trace(new_run())
+        for i in range(8):
+            t.call(tool="launch_instance" if r < 6 else "list_instances", args={"i": f"{r}-{i}"},
+                   outcome="refused" if r < 6 else "executed", reason_code="cap_reached" if r < 6 else "",
+                   observation="ok: true\n" + "w" * 400)
+    ctx = build_context(budget_tokens=1000)
+    assert ctx.tokens <= 1000
+    assert "earlier in the session: launch_instance refused ×48" in ctx.summary
+    check_pairs(ctx.messages)
+
+
+def test_calibration_from_reported_prompt_tokens_keeps_the_budget():
+    from agent.context import CALIBRATION, calibrate
+
+    t = Trace(new_run())
+    for i in range(40):
+        t.call(args={"status": f"c{i}"}, observation="ok: true\n" + "c" * 200)
+    try:
+        before = build_context(budget_tokens=3000)
+        assert before.factor == 1.0 and before.tokens <= 3000
+        # the API counted 50% more than estimated: the factor rises at once and fewer messages fit
+        assert calibrate(before.tokens, before.tokens * 3 // 2) == pytest.approx(1.5)
+        after = build_context(budget_tokens=3000)
+        assert after.factor == pytest.approx(1.5) and after.tokens <= 3000
+        assert len(after.messages) < len(before.messages)
+        # an over-estimate lowers the factor only a tenth of the way (conservative)
+        assert calibrate(1000, 500) == pytest.approx(1.5 * 0.95)
+        with pytest.raises(ValueError, match="positive token counts"):
+            calibrate(0, 10)
+    finally:
+        CALIBRATION.reset()
+
+
+def test_a_system_prompt_larger_than_the_budget_is_a_clear_error():
+    with pytest.raises(ValueError, match="system prompt alone"):
+        build_context(budget_tokens=50, system="s" * 1000)
 
 
 # --- the advisory repeat reminder --------------------------------------------------------------

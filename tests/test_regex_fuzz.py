@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from agent import report, untrusted
+from agent import chat_answer, report, untrusted
 from agent.planners.base import parse_verdict, verdict_blocks, without_verdicts
 from fleet import diagnostics, secrets
 from fleet.providers import local
@@ -89,7 +89,7 @@ def _module_patterns(module) -> list[tuple[str, re.Pattern]]:
     return found
 
 
-PATTERNS = [p for m in (secrets, untrusted, report, diagnostics, local) for p in _module_patterns(m)]
+PATTERNS = [p for m in (secrets, untrusted, report, diagnostics, local, chat_answer) for p in _module_patterns(m)]
 # patterns built at the call site from an escaped value (agent/breakers.py, agent/report.py)
 DYNAMIC = [
     ("agent.breakers._error_message", re.compile(rf"(?<![\w-]){re.escape('v-1042')}(?![\w-])")),
@@ -102,7 +102,8 @@ DYNAMIC = [
 #: also single surrogate characters and escapes; console/forms.py: the target's fixed-width shape)
 CALL_SITES = {"agent/breakers.py": 1, "agent/report.py": 3, "agent/untrusted.py": 20, "fleet/diagnostics.py": 7,
               "fleet/providers/local.py": 1, "fleet/secrets.py": 10, "agent/scenario_file.py": 4,
-              "console/settings.py": 1, "console/forms.py": 2}
+              "console/settings.py": 1, "console/forms.py": 2,
+              "agent/chat_answer.py": 1, "agent/memory.py": 3}
 
 
 def test_every_regex_call_site_is_audited():

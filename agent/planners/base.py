@@ -77,15 +77,30 @@ class Turn:
 
 
 def parse_verdict(text: str) -> tuple[bool, bool] | None:
-    """``(action, state_changed)`` from a ``<verdict>{...}</verdict>`` block, or ``None``."""
+    """``(action, state_changed)`` from a ``<verdict>{...}</verdict>`` block, or ``None``.
+
+    Both fields must be JSON booleans: ``"yes"``, ``1`` or a missing field is malformed and gives
+    ``None`` (unknown), never a guess (issue 7 §2). Use :func:`has_verdict_block` to tell a
+    malformed verdict from a missing one.
+    """
     blocks = verdict_blocks(text)
     if not blocks:
         return None
     try:
         data = json.loads(blocks[0][2])
-        return bool(data["action"]), bool(data["state_changed"])
-    except (ValueError, KeyError, TypeError):
+    except ValueError:
         return None
+    if not isinstance(data, dict):
+        return None
+    action, changed = data.get("action"), data.get("state_changed")
+    if not isinstance(action, bool) or not isinstance(changed, bool):
+        return None
+    return action, changed
+
+
+def has_verdict_block(text: str) -> bool:
+    """Whether ``text`` carries a ``<verdict>…</verdict>`` block at all (well-formed or not)."""
+    return bool(verdict_blocks(text))
 
 
 class Planner:

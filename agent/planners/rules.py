@@ -255,7 +255,16 @@ class RulesPlanner(Planner):
                 return turn
         return self.final_turn(ctx)
 
+    def chat_answer(self, ctx) -> str:
+        """The answer to a ``chat`` run that parks or halts before its final turn (no verdict):
+        the observed state in words (:func:`agent.chat_answer.state_answer`)."""
+        from agent.chat_answer import state_answer
+
+        return state_answer(ctx)
+
     def final_turn(self, ctx) -> Turn:
+        """The run's answer with its verdict. A ``chat`` run gets the no-model answer from the
+        observed state (:func:`agent.chat_answer.state_answer`); other runs a one-line summary."""
         done = [s for s in ctx.call_steps() if s.outcome in ("executed", "approved_executed")]
         d = ctx.world.observed  # report the numbers the run's observation holds (entailment)
         side = [s for s in done if s.tool in ("launch_instance", "stop_instance", "destroy_instance", "reboot_instance", "resume_instance")]
@@ -269,4 +278,8 @@ class RulesPlanner(Planner):
             parts.append("Did: " + ", ".join(f"{s.tool}({(s.args or {}).get('instance_id', '')})".replace("()", "") for s in side) + ".")
         else:
             parts.append("No fleet change needed." if not ctx.call_steps() else "No fleet change made.")
+        if ctx.run.trigger == "chat":
+            from agent.chat_answer import state_answer
+
+            return Turn(text=state_answer(ctx) + "\n" + _verdict(bool(side), bool(side)))
         return Turn(text=" ".join(parts) + " " + _verdict(bool(side), bool(side)))

@@ -51,8 +51,8 @@ def count(value) -> str:
 
 @register.filter
 def yesno_unknown(value) -> str:
-    """True/False/None as ``yes``/``no``/``–``."""
-    return {True: "yes", False: "no"}.get(value, "–")
+    """True/False/None as ``yes``/``no``/``unknown`` (a missing or malformed verdict is unknown)."""
+    return {True: "yes", False: "no"}.get(value, "unknown")
 
 
 @register.filter

@@ -1,0 +1,168 @@
+"""The chat's answer when no model is configured: plain words from the observed state.
+
+Issue 7 §2: without a model the chat says so, and answers from what the cycle observed — live and
+expected workers by name, the queue (and backlog), what the cycle did and why (from its steps:
+executed, refused with the reason code and detail, parked), and what waits for approval. Never
+"Done: nothing". An instruction typed in chat ("please stop local-5") is not acted on without a
+model: the answer says so plainly and points at the instance's buttons, which pass the same
+guards and approvals.
+
+:func:`state_answer` is called by the ``rules`` planner's final turn for a ``chat`` run; the
+numbers and ids it writes come from the run's own observation (``world.observed``) and steps, so
+the entailment check (``agent.report.entailment_flags``) finds them.
+"""
+
+import re
+
+#: verbs that change the fleet: with an instance id or "all/every/the workers" after them, or
+#: first in the message, they make it an instruction rather than a question
+VERBS = {"stop", "start", "launch", "destroy", "kill", "terminate", "reboot", "restart", "resume", "retire",
+         "scale", "cordon", "uncordon", "rent", "shut", "add", "remove"}
+QUESTION_WORDS = {"why", "what", "how", "when", "which", "who", "is", "are", "did", "does", "do", "was", "were"}
+#: polite words skipped before the verb ("please stop …", "can you reboot …")
+_POLITE = {"please", "pls", "now", "kindly", "can", "could", "would", "you", "just"}
+_NOUNS = {"worker", "workers", "instance", "instances", "machine", "machines"}
+#: an instance id as Warden names them (bounded repeats: tests/test_regex_fuzz.py)
+_ID = re.compile(r"\b[a-z]{1,40}-\d{1,20}\b", re.I)
+_PUNCT = str.maketrans({c: " " for c in ".,;:!?()[]{}\"'`"})
+
+NO_MODEL = "No model is configured, so I answer from the observed state (the built-in rules planner ran this cycle)."
+
+
+def is_instruction(text: str) -> bool:
+    """Whether an operator message asks for a fleet change ("please stop local-5", "launch two
+    more") rather than a question. A question that merely mentions a verb ("why did you stop
+    local-5?") is a question. Word-based, linear in the text."""
+    words = (text or "").lower().translate(_PUNCT).split()
+    if not words or words[0] in QUESTION_WORDS:
+        return False
+    first = next((w for w in words if w not in _POLITE), "")
+    if first in VERBS:
+        return True
+    for i, w in enumerate(words):
+        if w not in VERBS:
+            continue
+        after = words[i + 1:i + 7]
+        if any(_ID.fullmatch(t) for t in after):
+            return True
+        if any(t in ("all", "every", "the") and n in _NOUNS for t, n in zip(after, after[1:], strict=False)):
+            return True
+    return False
+
+
+def _n(value) -> str:
+    return "unknown" if value is None else str(value)
+
+
+def _call(s) -> str:
+    ident = (s.args or {}).get("instance_id")
+    return f"{s.tool} {ident}" if ident else s.tool
+
+
+def _why(s) -> str:
+    reason = (s.args or {}).get("reason") or s.call_reason
+    return f" ({reason})" if reason else ""
+
+
+def workers_line(world) -> str:
+    """Live/expected workers with their names, from the cycle's observation."""
+    d = world.observed
+    if d.state != "ok":
+        why = f": {d.error}" if d.error else ""
+        return f"Demand could not be read ({d.state}{why}); worker and queue counts are unknown, not zero."
+    live = sorted(name for name, w in (d.workers or {}).items() if w.live and not w.unschedulable)
+    dead = sorted(name for name, w in (d.workers or {}).items() if not w.live and not w.unschedulable)
+    cordoned = sorted(name for name, w in (d.workers or {}).items() if w.unschedulable)
+    line = f"Workers: {_n(d.workers_live)} of {_n(d.workers_expected)} expected are live"
+    line += f" ({', '.join(live)})." if live else "."
+    if dead:
+        line += f" Not heartbeating: {', '.join(dead)}."
+    if cordoned:
+        line += f" Cordoned (draining): {', '.join(cordoned)}."
+    return line
+
+
+def queue_line(world) -> str:
+    """The queue, the backlog and the work running, from the cycle's observation."""
+    d = world.observed
+    if d.state != "ok":
+        return ""
+    line = f"Queue: {_n(d.queued)} tasks waiting, {_n(d.running)} running"
+    if d.backlog:
+        line += f", {d.backlog} more in Curio's pipeline backlog (counted as demand)"
+    return line + "."
+
+
+def fleet_line(world) -> str:
+    """The instances the cycle saw, by id and provider status."""
+    if world.provider_error:
+        return f"The fleet could not be read ({world.provider_error}); the instances below are the last known state."
+    insts = [i for i in world.instances if i.killed_at is None]
+    if not insts:
+        return "Instances: none."
+    return "Instances: " + ", ".join(f"{i.external_id} {i.status}" for i in insts) + "."
+
+
+def cycle_lines(steps) -> list[str]:
+    """What this cycle did and why, from its call steps (``agent.models.Step``, in order)."""
+    calls = [s for s in steps if s.kind == "call"]
+    if not calls:
+        return ["This cycle made no tool calls: nothing needed changing."]
+    done = [s for s in calls if s.outcome in ("executed", "approved_executed")]
+    refused = [s for s in calls if s.outcome in ("refused", "halted")]
+    parked = [s for s in calls if s.outcome == "parked"]
+    failed = [s for s in calls if s.outcome == "error"]
+    not_approved = [s for s in calls if s.outcome in ("rejected", "expired")]
+    out = []
+    if done:
+        out.append("This cycle ran: " + "; ".join(_call(s) + _why(s) for s in done) + ".")
+    if refused:
+        out.append("Refused by the rails: " + "; ".join(f"{_call(s)} — {s.reason_code}: {s.detail}" for s in refused) + ".")
+    if failed:
+        out.append("Failed: " + "; ".join(f"{_call(s)} — {s.detail}" for s in failed) + ".")
+    if not_approved:
+        out.append("Not approved: " + "; ".join(f"{_call(s)} — {s.outcome}" for s in not_approved) + ".")
+    if parked:
+        out.append("Parked for an operator's approval: " + "; ".join(_call(s) + _why(s) for s in parked) + ".")
+    return out
+
+
+def approvals_line(run) -> str:
+    """Calls of other runs that wait for an operator's approval (this run's own are in its steps)."""
+    from agent.models import Approval
+
+    waiting = list(Approval.objects.filter(status="waiting").exclude(run=run).order_by("created_at")[:10])
+    if not waiting:
+        return "Nothing else waits for approval."
+    listed = "; ".join(f"{a.tool} {(a.args or {}).get('instance_id', '')}".strip() for a in waiting)
+    return f"Waiting for approval (Approvals inbox): {listed}."
+
+
+def instruction_line(message: str) -> str:
+    """What an operator can do instead of a chat instruction when no model is configured."""
+    ids = sorted(set(m.lower() for m in _ID.findall(message or "")))
+    where = (" on " + ", ".join(f"/instances/{i}/" for i in ids)) if ids else " on each instance's page (Fleet)"
+    return ("Without a model, chat instructions are not acted on: I did not do what you asked, and nothing was "
+            f"changed because of your message. To act, use the instance's buttons{where} (stop, reboot, resume, "
+            "destroy); they pass the same guards and approvals. To change how many workers run, set the target "
+            "on the dashboard.")
+
+
+def state_answer(ctx) -> str:
+    """The chat answer (without the verdict) for a ``chat`` run planned by ``rules``.
+
+    ``ctx`` is the loop's ``TurnContext``: its ``message``, ``world`` and ``run`` are read.
+    Returns plain text of a few sentences; raises nothing.
+    """
+    world = ctx.world
+    lines = [NO_MODEL]
+    if is_instruction(ctx.message):
+        lines.append(instruction_line(ctx.message))
+    lines.append(workers_line(world))
+    q = queue_line(world)
+    if q:
+        lines.append(q)
+    lines.append(fleet_line(world))
+    lines += cycle_lines(ctx.call_steps())
+    lines.append(approvals_line(ctx.run))
+    return "\n".join(lines)
