@@ -55,3 +55,13 @@ def broker_queue():
     purge_broker()
     yield
     purge_broker()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_token_calibration():
+    """Each test starts with an uncalibrated token estimate (agent.context keeps it per process)."""
+    from agent.context import CALIBRATION
+
+    CALIBRATION.factor = 1.0
+    yield
+    CALIBRATION.factor = 1.0

@@ -310,3 +310,13 @@ def test_remembered_facts_reach_the_prompt_s_middle_tier(priced):
     system = json.loads(ModelCall.objects.get(run=run).request)["messages"][0]["content"]
     assert "[provider_note] host 5512: reboots fix its Xid 79" in system
     assert system.index('"v-101"') < system.index("host 5512") < system.index("Hard rules")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_token_estimate_is_calibrated_from_the_reported_usage(priced):
+    """The context builder's estimate learns from the API's ``usage.prompt_tokens`` after each call."""
+    from agent.context import CALIBRATION
+
+    assert CALIBRATION.factor == 1.0
+    _replay("llm-plain-answer")  # the stand-in reports 1,200 prompt tokens
+    assert CALIBRATION.factor != 1.0

@@ -73,6 +73,7 @@ class LlmPlanner(Planner):
             raise ValueError("no model configured: set WARDEN_MODEL_BASE_URL and WARDEN_MODEL")
         self.fallback = None
         self._fallback_at = 0
+        self._estimated = 0  # the last built context's estimated tokens (calibrated from usage)
 
     def messages(self, ctx) -> list[dict]:
         """System prompt (tiers, with facts recalled for the operator's message in the middle) plus the
@@ -84,7 +85,9 @@ class LlmPlanner(Planner):
 
         recalled = "\n".join(recall_for_prompt(ctx.message or "", limit=8))  # the middle tier (seed 002)
         system = system_prompt(ctx.world.summary(), objectives=SessionState.get().objectives, recalled=recalled)
-        return build_context(run=ctx.run, system=system).messages
+        context = build_context(run=ctx.run, system=system)
+        self._estimated = context.tokens
+        return context.messages
 
     def next_turn(self, ctx) -> Turn | None:
         if self.fallback is not None:
@@ -96,6 +99,10 @@ class LlmPlanner(Planner):
             return self._rules_turn(ctx)
         turn = turn_from_message(reply.message)
         turn.tokens_in, turn.tokens_out = reply.tokens_in, reply.tokens_out
+        if self._estimated > 0 and reply.tokens_in > 0:  # the estimate learns from the API's usage
+            from agent.context import calibrate
+
+            calibrate(self._estimated, reply.tokens_in)
         if not reply.usage_reported:
             turn.estimate_tokens()
         ctx.run.cost_usd += reply.cost  # saved with the run when it closes
