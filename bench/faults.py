@@ -28,7 +28,7 @@ restart with websocket clients connected (they reconnect, resync over HTTP and g
 pushed topic); SSH hosts that refuse, hang or are slow (a real sshd on loopback, ``tests/sshd.py``);
 provider 429/410/500/empty/HTML on a launch (the stand-in cloud of ``tests/rented_cloud.py``,
 as the suite does providers — Warden has no HTTP provider client yet). Model timeout/429/truncated
-JSON: not run — the model planner does not exist yet; the table says so.
+JSON: the ``llm`` planner against a local OpenAI-compatible stand-in.
 
 Usage::
 
@@ -39,6 +39,7 @@ Usage::
 import argparse
 import asyncio
 import fcntl
+import json
 import signal
 import statistics
 import sys
@@ -570,8 +571,70 @@ def provider_faults(rows: dict, reps: int) -> None:
     state.save()
 
 
+def model_faults(rows: dict, reps: int) -> None:
+    """The ``llm`` planner against a local OpenAI-compatible stand-in (agent/model_standin.py) whose
+    first answer is a timeout, a 429, or a tool call with truncated argument JSON; then the model asks
+    for one P0 launch and answers. Recovered: the run ended with exactly one launch at the cloud
+    (the model's retry or its corrected call is never a second rented machine), nothing stuck."""
+    from agent.model_client import ModelConfig
+    from agent.model_standin import StandIn
+    from agent.models import SessionState
+    from agent.planners.llm import LlmPlanner
+    from fleet.models import Instance
+    from fleet.providers import set_override
+    from tests.rented_cloud import RentedProvider
+
+    def reply(content=None, calls=()):
+        msg = {"role": "assistant", "content": content}
+        if calls:
+            msg["tool_calls"] = [{"id": f"call_{n}", "type": "function", "function": {"name": t, "arguments": a}}
+                                 for n, (t, a) in enumerate(calls)]
+        return {"id": "chatcmpl-bench", "object": "chat.completion", "created": 1, "model": "bench",
+                "choices": [{"index": 0, "message": msg, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110}}
+
+    launch = ("launch_instance", json.dumps({"gpu_name": "RTX 4090", "launch_priority": "P0", "reason": "bench: model fault"}))
+    done = reply('Launched one worker. <verdict>{"action": true, "state_changed": true}</verdict>')
+    cases = {
+        "model timeout": [{"timeout": True}, reply(calls=[launch]), done],
+        "model 429": [{"http_status": 429, "body": {"error": {"message": "rate limited", "type": "rate_limit"}}},
+                      reply(calls=[launch]), done],
+        "model truncated JSON": [reply(calls=[("launch_instance", launch[1][:30])]), reply(calls=[launch]), done],
+    }
+    state = SessionState.get()
+    for name, responses in cases.items():
+        row = rows[name]
+        for _rep in range(reps):
+            Instance.objects.filter(provider="rented").delete()
+            cloud = RentedProvider(name="rented")
+            set_override(cloud)
+            state.refresh_from_db()
+            state.overrides = {"policy": {"launch_instance": "auto"}, "limits": {"launch_rate": [100, 600]}}
+            state.save()
+            since = now()
+            sampler = ParallelSampler(since)
+            sampler.start()
+            t0 = time.monotonic()
+            try:
+                with StandIn(responses) as standin:
+                    planner = LlmPlanner(config=ModelConfig(base_url=standin.base_url, model="bench", timeout_s=1.0))
+                    run = cycle_here(planner)
+            finally:
+                set_override(None)
+            row.dup += max(0, cloud.sent("launch") - 1)
+            run.refresh_from_db()
+            ok = run.status in ("done", "halted") and cloud.sent("launch") == 1
+            halted = f" ({run.halt_reason})" if run.halt_reason else ""
+            row.notes.append(f"{name}: run {run.status}{halted}, launches sent {cloud.sent('launch')}, "
+                             f"model requests {len(standin.requests)}")
+            _finish(row, ok, t0, sampler)
+    state.refresh_from_db()
+    state.overrides = {}
+    state.save()
+
+
 # --- main --------------------------------------------------------------------------------------
-FAULTS = ["worker", "redis", "postgres", "daphne", "ssh", "provider"]
+FAULTS = ["worker", "redis", "postgres", "daphne", "ssh", "provider", "model"]
 
 
 def main(argv=None) -> int:
@@ -598,6 +661,9 @@ def main(argv=None) -> int:
         ("provider 500", "run ended (outcome_unknown: looked up, not re-sent)"),
         ("provider empty", "run ended (outcome_unknown: looked up, not re-sent)"),
         ("provider HTML", "run ended (outcome_unknown: looked up, not re-sent)"),
+        ("model timeout", "run ended, one launch (the timed-out request retried)"),
+        ("model 429", "run ended, one launch (the 429 retried)"),
+        ("model truncated JSON", "run ended, one launch (invalid_args seen, call corrected)"),
     ]}
     with Stack(keep=args.keep, extra_env={"WARDEN_DWELL_MIN": "0", "WARDEN_HOLD_OFF_MIN": "0",
                                           "WARDEN_TARGET_PROOFS_HR": "60"}) as stack:
@@ -640,11 +706,12 @@ def main(argv=None) -> int:
             attempt(rows["ssh refuses"], ssh_faults, rows, args.reps)
         if "provider" in args.only:
             attempt(rows["provider 429"], provider_faults, rows, args.reps)
+        if "model" in args.only:
+            attempt(rows["model timeout"], model_faults, rows, args.reps)
         clean_fleet()
 
     header = ["fault", "runs", "dup effects", "lost appr.", "parallel", "stuck", "recover s", "recovered when"]
     table = [r.cells() for r in rows.values() if r.times or r.failed]
-    table.append(["model timeout/429/truncated JSON", "0", "-", "-", "-", "-", "-", "not run: the model planner does not exist yet"])
     widths = [max(len(str(x[i])) for x in [header, *table]) for i in range(len(header))]
     print(" | ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
     print("-+-".join("-" * w for w in widths))
