@@ -49,7 +49,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.stack import PASSWORD, Stack, free_port, wait_until  # noqa: E402
+from bench.stack import PASSWORD, Stack, destroy_local_instances, free_port, wait_until  # noqa: E402
 
 RECOVER_TIMEOUT_S = 120
 #: close codes after which a console tab reconnects: htmx 2's ws extension retries 1006, 1011,
@@ -166,14 +166,8 @@ def clean_fleet():
     """Destroy every local instance and empty the demo queue (between repetitions)."""
     from fleet.harmony import HarmonyMachine, HarmonyMachineDetails, HarmonyTask, HarmonyTaskHistory
     from fleet.models import Instance
-    from fleet.providers.local import LocalProvider
 
-    provider = LocalProvider()
-    for pi in provider.list_instances():
-        try:
-            provider.destroy(pi.external_id)
-        except Exception:  # noqa: BLE001
-            pass
+    provider = destroy_local_instances()
     for p in Path(provider.root).glob("local-*.json"):
         p.unlink(missing_ok=True)
     Instance.objects.filter(provider="local").delete()

@@ -53,6 +53,19 @@ def wait_until(predicate, timeout: float, interval: float = 0.1):
     return None
 
 
+def destroy_local_instances():
+    """Destroy every instance the local provider lists (its demo workers); returns the provider."""
+    from fleet.providers.local import LocalProvider
+
+    provider = LocalProvider()
+    for pi in provider.list_instances():
+        try:
+            provider.destroy(pi.external_id)
+        except Exception:  # noqa: BLE001 — best effort: an ending bench must not stop here
+            pass
+    return provider
+
+
 def _pg_bin(name: str) -> str:
     found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))
     if not found:
@@ -267,14 +280,7 @@ class Stack:
         for p in reversed(self.procs):
             p.stop()
         try:  # demo workers the local provider launched run in their own sessions
-            from fleet.providers.local import LocalProvider
-
-            provider = LocalProvider()
-            for pi in provider.list_instances():
-                try:
-                    provider.destroy(pi.external_id)
-                except Exception:  # noqa: BLE001
-                    pass
+            destroy_local_instances()
         except Exception:  # noqa: BLE001 — Django may not be set up
             pass
         if self.redis is not None and self.redis.poll() is None:
