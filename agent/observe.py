@@ -18,7 +18,7 @@ from fleet.alerts import raise_alert, resolve
 from fleet.clock import clock
 from fleet.demand import DemandReading, read_demand
 from fleet.events import emit
-from fleet.models import DemandSample, Diagnosis, Instance
+from fleet.models import Alert, DemandSample, Diagnosis, Instance
 from fleet.providers import ProviderError
 from fleet.secrets import redact
 
@@ -256,6 +256,10 @@ def lifecycle_alerts(world: World) -> None:
     from agent.untrusted import scan_instance
 
     startup_grace = timedelta(seconds=settings.WARDEN["STARTUP_GRACE_S"])
+    # one query for the episodes already open: an open alert is not raised again and only an open
+    # one is resolved, so the loop below queries nothing per instance in a steady fleet
+    open_keys = set(Alert.objects.filter(kind__in=("instance_exited", "stuck_provisioning"))
+                    .exclude(state="resolved").values_list("key", flat=True))
 
     for inst in world.instances:
         hits = scan_instance(inst)
@@ -266,7 +270,10 @@ def lifecycle_alerts(world: World) -> None:
             raise_instance_injection(inst.external_id, hits)
         key = f"instance_exited:{inst.external_id}"
         w = world.worker_for(inst)
-        if inst.destroy_requested_at is None and inst.intended_status == "running" and inst.status in ("exited", "error"):
+        if key in open_keys:
+            if inst.status == "running" and worker_live(inst, world):
+                resolve(key)
+        elif inst.destroy_requested_at is None and inst.intended_status == "running" and inst.status in ("exited", "error"):
             evidence = [f"provider status {inst.status} since {inst.status_since:%Y-%m-%d %H:%M} UTC"]
             if inst.exit_code is not None:
                 evidence.append(f"exit code {inst.exit_code}" + (" (killed by SIGKILL)" if inst.exit_code == -9 else ""))
@@ -280,9 +287,7 @@ def lifecycle_alerts(world: World) -> None:
             raise_alert("instance_exited", f"{inst.external_id}'s worker {w.name} stopped heartbeating "
                         f"(last contact {w.last_contact:%Y-%m-%d %H:%M:%S} UTC) while the instance runs",
                         severity="P1", key=key, instance=inst)
-        elif inst.status == "running" and worker_live(inst, world):
-            resolve(key)
-        if starving(inst, world):
+        if starving(inst, world) and f"stuck_provisioning:{inst.external_id}" not in open_keys:
             age = (clock.now() - inst.created_at).total_seconds() / 60
             raise_alert("stuck_provisioning", f"{inst.external_id} still {inst.status or 'provisioning'} after {age:.0f} min "
                         f"with {world.demand.queued} tasks queued and no live worker; it no longer blocks another launch",
