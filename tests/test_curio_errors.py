@@ -13,7 +13,7 @@ from agent.actions import do_cordon
 from agent.guards import check
 from agent.observe import World, read_and_record_demand
 from agent.policy import effective_limits, effective_policy
-from console.views import run_instance_action
+from console.views.instances import run_instance_action
 from fleet.demand import read_demand
 from fleet.demand.base import DemandError
 from fleet.demand.curio import READ_ATTEMPTS

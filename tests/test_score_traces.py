@@ -111,7 +111,7 @@ def test_empty_database_scores_zero():
 def test_the_page_renders_for_a_viewer_and_needs_login(traces, bob):
     from django.contrib.auth.models import AnonymousUser
 
-    from console.trace_views import traces as view
+    from console.views.traces import traces as view
 
     rf = RequestFactory()
     req = rf.get("/traces/")

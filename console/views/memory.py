@@ -16,7 +16,7 @@ from django_htmx.http import trigger_client_event
 from agent import memory
 from agent.models import MemoryFact
 from console.forms import CAPS, too_long
-from console.views import _page_context, actor_of, operator_required
+from console.views.common import _page_context, actor_of, operator_required
 
 PAGE_SIZE = 200
 
@@ -42,8 +42,13 @@ def memory_context(category: str = "", q: str = "") -> dict:
     for f in facts:
         f.current_score = round(memory.score(f), 3)
     used = set(MemoryFact.objects.values_list("category", flat=True).distinct())
-    return {"facts": facts, "categories": sorted(used | set(memory.CATEGORIES)), "category": category, "q": q,
-            "kinds": memory.KINDS}
+    return {
+        "facts": facts,
+        "categories": sorted(used | set(memory.CATEGORIES)),
+        "category": category,
+        "q": q,
+        "kinds": memory.KINDS,
+    }
 
 
 def _filters(request) -> tuple[str, str]:
@@ -82,8 +87,14 @@ def edit_fact(request, pk: int) -> HttpResponse:
         errors = "; ".join(f"{k}: {' '.join(v)}" for k, v in form.errors.items())
         return _answer(request, error=errors, error_pk=pk, status=400)
     try:
-        memory.do_update_fact(fact, value=form.cleaned_data["value"], importance=form.cleaned_data["importance"],
-                              kind=form.cleaned_data["kind"], actor=actor_of(request), reason=form.cleaned_data["reason"])
+        memory.do_update_fact(
+            fact,
+            value=form.cleaned_data["value"],
+            importance=form.cleaned_data["importance"],
+            kind=form.cleaned_data["kind"],
+            actor=actor_of(request),
+            reason=form.cleaned_data["reason"],
+        )
     except memory.MemoryInputError as exc:
         return _answer(request, error=str(exc), error_pk=pk, status=400)
     return _answer(request, ok=f"memory {fact.category}/{fact.key} changed")
@@ -93,6 +104,6 @@ def edit_fact(request, pk: int) -> HttpResponse:
 def delete_fact(request, pk: int) -> HttpResponse:
     """Delete one fact (``agent.memory.do_delete_fact``); the audit row keeps what it said."""
     fact = get_object_or_404(MemoryFact, pk=pk)
-    reason = (request.POST.get("reason") or "").strip()[:CAPS["reason"]]
+    reason = (request.POST.get("reason") or "").strip()[: CAPS["reason"]]
     memory.do_delete_fact(fact, actor=actor_of(request), reason=reason)
     return _answer(request, ok=f"memory {fact.category}/{fact.key} deleted")

@@ -15,8 +15,9 @@ def traces(request):
     """GET ``/traces/`` (``?last=N`` for the newest N runs): histogram, halts, attempts, approvals, flags."""
     raw = (request.GET.get("last") or "").strip()
     if raw and not (raw.isascii() and raw.isdigit() and len(raw) <= 7 and 1 <= int(raw) <= MAX_LAST):
-        return HttpResponseBadRequest(f"last must be a whole number of runs from 1 to {MAX_LAST:,}, e.g. ?last=50",
-                                      content_type="text/plain")
+        return HttpResponseBadRequest(
+            f"last must be a whole number of runs from 1 to {MAX_LAST:,}, e.g. ?last=50", content_type="text/plain"
+        )
     last = int(raw) if raw else None
     score = score_traces(last=last)
     peak = max((r["runs"] for r in score["step_histogram"]), default=0) or 1

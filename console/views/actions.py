@@ -1,0 +1,44 @@
+"""The actions page: the audit log, filtered by actor, verb and target."""
+
+from django.contrib.auth.decorators import login_required
+from django.http import HttpResponse, HttpResponseBadRequest
+from django.shortcuts import render
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET
+
+from agent.models import AuditLog
+from console.forms import (
+    too_long_error,
+)
+from console.views.common import HtmxHttpRequest, _is_region, _page_context
+
+# --- actions tab (the audit log) ---------------------------------------------------------------
+AUDIT_ON_PAGE = 200
+
+
+def audit_context(actor: str = "", verb: str = "", target: str = "", limit: int = AUDIT_ON_PAGE) -> dict:
+    """Audit rows, newest first, optionally filtered by actor / verb prefix / target (one query)."""
+    qs = AuditLog.objects.order_by("-at", "-id")
+    if actor:
+        qs = qs.filter(actor__icontains=actor)
+    if verb:
+        qs = qs.filter(verb__startswith=verb)
+    if target:
+        qs = qs.filter(target__icontains=target)
+    return {"rows": list(qs[:limit]), "f_actor": actor, "f_verb": verb, "f_target": target, "limit": limit}
+
+
+@login_required
+@require_GET
+@never_cache
+def actions_page(request: HtmxHttpRequest) -> HttpResponse:
+    """The Actions tab: who or what did what, when, why, before and after (``?actor=&verb=&target=``
+    filter, kept in the URL). htmx GET: the table only."""
+    filters = {k: request.GET.get(k, "").strip() for k in ("actor", "verb", "target")}
+    for name, value in filters.items():
+        if error := too_long_error(f"{name} filter", value, "filter"):
+            return HttpResponseBadRequest(error, content_type="text/plain")
+    ctx = _page_context(request, **audit_context(**filters))
+    if _is_region(request):
+        return render(request, "console/partials/audit.html", ctx)
+    return render(request, "console/actions.html", ctx)

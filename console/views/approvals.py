@@ -1,0 +1,151 @@
+"""The approvals inbox and the approve/reject decision."""
+
+import logging
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.db.models import F
+from django.http import HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET
+from django_htmx.http import trigger_client_event
+
+from agent.approvals import DecisionError, do_decide
+from agent.models import Approval
+from console.forms import (
+    DecisionForm,
+)
+from console.views.common import (
+    HtmxHttpRequest,
+    _is_region,
+    _page_context,
+    _safe_next,
+    _why,
+    actor_of,
+    operator_required,
+)
+from fleet.clock import clock
+from fleet.models import DemandSample, Instance
+
+log = logging.getLogger(__name__)
+
+
+# --- approvals inbox ---------------------------------------------------------------------------
+APPROVALS_RECENT = 30
+
+
+def approvals_context(recent: int = APPROVALS_RECENT) -> dict:
+    """Waiting approvals (soonest expiry first) and the newest decided ones: two queries.
+
+    A waiting row past its expiry is shown as expired (the loop marks it ``expired`` on its next
+    cycle; ``do_decide`` already refuses it).
+    """
+    now = clock.now()
+    waiting = list(
+        Approval.objects.filter(status="waiting")
+        .select_related("run", "step", "decided_by")
+        .order_by("expires_at", "pk")
+    )
+    for a in waiting:
+        a.seconds_left = (a.expires_at - now).total_seconds()
+    attach_situation_now(waiting)
+    decided = []
+    if recent:
+        decided = list(
+            Approval.objects.exclude(status="waiting")
+            .select_related("run", "step", "decided_by")
+            .order_by(F("decided_at").desc(nulls_last=True), "-pk")[:recent]
+        )
+    return {"waiting": waiting, "decided": decided, "now": now}
+
+
+def attach_situation_now(approvals: list) -> None:
+    """Set ``a.now`` on each approval: the situation now, in the shape of ``a.situation`` (the one
+    when it was parked, ``agent.pipeline.situation``), so a card shows then and now side by side
+    (issue 9 §1.4). Two queries whatever the number of approvals."""
+    if not approvals:
+        return
+    sample = DemandSample.objects.order_by("-taken_at").first()
+    ids = {str((a.args or {}).get("instance_id")) for a in approvals if (a.args or {}).get("instance_id")}
+    rows = {}
+    for inst in Instance.objects.filter(external_id__in=ids).order_by("killed_at"):
+        rows.setdefault(inst.external_id, inst)
+    for a in approvals:
+        ident = (a.args or {}).get("instance_id")
+        target = None
+        if ident:
+            inst = rows.get(str(ident))
+            target = {"id": ident, "status": "absent" if inst is None else ("gone" if inst.killed_at else inst.status)}
+        a.now = {
+            "demand": sample.state if sample else "unknown",
+            "queued": sample.queued if sample else None,
+            "workers_live": sample.workers_live if sample else None,
+            "workers_expected": sample.workers_expected if sample else None,
+            "target": target,
+        }
+
+
+@login_required
+@require_GET
+@never_cache
+def approvals_page(request: HtmxHttpRequest) -> HttpResponse:
+    """The approvals inbox: waiting calls with approve / reject-with-comment and their expiry,
+    then recent decisions. htmx GET: the inbox region only."""
+    ctx = _page_context(request, **approvals_context())
+    if _is_region(request):
+        return render(request, "console/partials/approvals.html", ctx)
+    return render(request, "console/approvals.html", ctx)
+
+
+@operator_required
+def decide_approval(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    """Approve or reject one parked call (``do_decide``), then enqueue the run's resume.
+
+    Exactly once: ``do_decide`` is a conditional UPDATE, so a double click, a second operator or a
+    replayed POST gets 409 naming who decided first, and only the winner enqueues the resume.
+    A rejection without a comment is 400. htmx gets the approval's card (status 200, message in
+    it); a browser a redirect to ``next`` (or the inbox) or the inbox with the error.
+    """
+    from agent.tasks import start_resume
+
+    approval = get_object_or_404(Approval.objects.select_related("run", "step"), pk=pk)
+    form = DecisionForm(request.POST)
+    error, status, note = "", 200, ""
+    if not form.is_valid():
+        error, status = "; ".join(e for errs in form.errors.values() for e in errs), 400
+    else:
+        try:
+            approval = do_decide(
+                approval,
+                form.cleaned_data["decision"],
+                actor_of(request),
+                form.cleaned_data["comment"],
+                user=request.user,
+            )
+        except DecisionError as exc:
+            error, status = str(exc), 409
+            approval.refresh_from_db()
+        else:
+            try:
+                start_resume(approval.run_id)
+                note = f"{approval.status}; the agent resumes run #{approval.run.number}"
+            except Exception as exc:  # broker down: the decision is stored, the resume is not queued
+                log.warning("start_resume(%s) failed: %s", approval.run_id, exc)
+                note = f"{approval.status}, but the agent could not be resumed: {_why(exc)}"
+    if request.htmx:
+        now = clock.now()
+        approval.seconds_left = (approval.expires_at - now).total_seconds()
+        attach_situation_now([approval])
+        resp = render(
+            request,
+            "console/partials/approval_card.html",
+            _page_context(request, a=approval, error=error, note=note, now=now),
+        )
+        trigger_client_event(resp, "approvals-changed")
+        return resp
+    if status == 200:
+        messages.success(request, f"approval {approval.pk}: {note}")
+        return redirect(_safe_next(request, "/approvals/"))
+    ctx = _page_context(request, error=error, **approvals_context())
+    return render(request, "console/approvals.html", ctx, status=status)

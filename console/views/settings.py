@@ -1,0 +1,159 @@
+"""The settings page, observe-only mode and the session reset."""
+
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import HttpResponse, HttpResponseForbidden
+from django.shortcuts import redirect, render
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_http_methods
+from django_htmx.http import trigger_client_event
+
+from agent.actions import (
+    LIMIT_RANGES,
+    OverrideError,
+    baseline_settings,
+    do_reset_session,
+    do_set_observe_only,
+    do_update_overrides,
+    policy_keys,
+)
+from agent.models import SessionState
+from agent.policy import effective_limits, effective_policy
+from console.forms import (
+    ObserveOnlyForm,
+    ResetForm,
+    SettingsForm,
+)
+from console.templatetags.console_extras import can_act
+from console.views.common import (
+    HtmxHttpRequest,
+    _form_errors,
+    _page_context,
+    _safe_next,
+    actor_of,
+    operator_required,
+)
+from console.views.dashboard import _flash_response
+
+
+# --- observe-only switch, reset session ---------------------------------------------------------
+@operator_required
+def set_observe_only(request: HtmxHttpRequest) -> HttpResponse:
+    """The observe-only switch (``do_set_observe_only``): ``on=1`` stops every side effect; the agent
+    still observes and proposes, its calls shown as "would have done". htmx: the switch partial."""
+    form = ObserveOnlyForm(request.POST)
+    if not form.is_valid():  # both fields are optional (a missing ``on`` means off); a reason may be too long
+        return _flash_response(request, False, _form_errors(form))
+    on = bool(form.cleaned_data.get("on"))
+    state = do_set_observe_only(on, actor_of(request), form.cleaned_data.get("reason", ""))
+    if request.htmx:
+        resp = render(request, "console/partials/observe_only.html", _page_context(request, state=state))
+        trigger_client_event(resp, "settings-changed")
+        return resp
+    messages.success(request, f"observe-only {'on: nothing executes' if on else 'off'}")
+    return redirect(_safe_next(request, "/"))
+
+
+@operator_required
+def reset_session(request: HtmxHttpRequest) -> HttpResponse:
+    """ "Reset session" (``do_reset_session``, confirmed in the browser): clears the conversation;
+    runs stay on the Runs pages, run numbers keep counting, objectives and memory stay."""
+    form = ResetForm(request.POST)
+    if not form.is_valid():
+        return _flash_response(request, False, _form_errors(form))
+    state = do_reset_session(actor_of(request), form.cleaned_data.get("reason", "") or "operator pressed Reset session")
+    return _flash_response(
+        request, True, f"session reset: conversation epoch {state.epoch}", topics=("runs-changed", "chat-changed")
+    )
+
+
+# --- settings page ------------------------------------------------------------------------------
+def _settings_form(state: SessionState, data=None) -> SettingsForm:
+    table = effective_policy(state)
+    overrides = (state.overrides or {}).get("policy", {})
+    policy = {}
+    inherit = []
+    for key in policy_keys():
+        if key in table:
+            policy[key] = table[key]
+        else:  # launch_instance:P1..P3 follow launch_instance unless overridden
+            inherit.append(key)
+            policy[key] = overrides.get(key, "")
+    limits = effective_limits(state).values
+    return SettingsForm(data, policy=policy, limits={k: limits.get(k) for k in LIMIT_RANGES}, inherit_keys=inherit)
+
+
+def settings_context(state: SessionState, form: SettingsForm) -> dict:
+    """The settings form with, per field, its default and whether an override is in force."""
+    base_policy, base_limits = baseline_settings(state)
+    ov = state.overrides or {}
+    rows_policy = [
+        {
+            "key": key,
+            "field": form[name],
+            "default": base_policy.get(key, "same as launch_instance"),
+            "overridden": key in ov.get("policy", {}),
+        }
+        for key, name in form.policy_fields
+    ]
+    rows_limits = [
+        {
+            "key": key,
+            "field": form[name],
+            "default": base_limits.get(key),
+            "overridden": key in ov.get("limits", {}),
+            "range": LIMIT_RANGES[key],
+        }
+        for key, name in form.limit_fields
+    ]
+    return {
+        "form": form,
+        "rows_policy": rows_policy,
+        "rows_limits": rows_limits,
+        "state": state,
+        "unattended": bool(settings.WARDEN.get("UNATTENDED")),
+    }
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+@never_cache
+def settings_page(request: HtmxHttpRequest) -> HttpResponse:
+    """Policies (auto / approval / forbidden per tool and launch priority), caps, dwell, hold-off,
+    diagnosis freshness, approval expiry and breaker limits. POST (operators) saves through
+    ``do_update_overrides``: audited with who and why; bad input names the field, saves nothing
+    (400)."""
+    state = SessionState.get()
+    saved = False
+    status = 200
+    if request.method == "POST":
+        if not can_act(request.user):
+            return HttpResponseForbidden("viewers cannot act")
+        form = _settings_form(state, request.POST)
+        if form.is_valid():
+            policy, limits = form.overrides()
+            try:
+                state = do_update_overrides(policy, limits, actor_of(request), form.cleaned_data["reason"])
+                saved = True
+            except OverrideError as exc:
+                name = form.field_name(exc.field)
+                form.add_error(name, f"{exc.field}: {exc.message}" if name is None else exc.message)
+        if saved:
+            if not request.htmx:
+                messages.success(request, "settings saved")
+                return redirect("settings")
+            form = _settings_form(state)
+        else:
+            status = 400
+    else:
+        form = _settings_form(state)
+    ctx = _page_context(request, saved=saved, **settings_context(state, form))
+    if request.htmx:
+        resp = render(
+            request, "console/partials/settings_form.html", ctx, status=200 if request.method == "POST" else status
+        )
+        if saved:
+            trigger_client_event(resp, "settings-changed")
+        return resp
+    return render(request, "console/settings.html", ctx, status=status)
