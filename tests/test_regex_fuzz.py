@@ -96,12 +96,12 @@ DYNAMIC = [
     ("agent.report.entailment_flags", re.compile(rf"(?<![\w.-]){re.escape('12.5')}(?![\w-]|\.\d)")),
 ]
 #: every regex call site in the project's code, per file: a new one must be added to the audit
-#: (agent/scenario_file.py: a JSON string literal as the unrolled loop ``"[^"\\]*(?:\\.[^"\\]*)*"`` —
+#: (agent/replay/file_format.py: a JSON string literal as the unrolled loop ``"[^"\\]*(?:\\.[^"\\]*)*"`` —
 #: every character has one way to match — and single brackets; console/settings.py: the operator's
-#: own HARMONY_DATABASE_URL search_path, comma-separated names, one way to match each; scenario_file
+#: own HARMONY_DATABASE_URL search_path, comma-separated names, one way to match each; file_format
 #: also single surrogate characters and escapes; console/forms.py: the target's fixed-width shape)
 CALL_SITES = {"agent/breakers.py": 1, "agent/report.py": 3, "agent/untrusted.py": 20, "fleet/diagnostics.py": 7,
-              "fleet/providers/local.py": 1, "fleet/secrets.py": 10, "agent/scenario_file.py": 4,
+              "fleet/providers/local.py": 1, "fleet/secrets.py": 10, "agent/replay/file_format.py": 4,
               "console/settings.py": 1, "console/forms.py": 2,
               "agent/chat_answer.py": 1, "agent/memory.py": 3}
 

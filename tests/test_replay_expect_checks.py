@@ -2,7 +2,7 @@
 tool or a reason code exits 2 naming it, wherever it appears — never exit 1, a mismatch the
 replay could not have avoided (docs/replay.md "Files replay refuses").
 
-The reason codes are one list, :data:`agent.scenario_file.REASON_CODES`; it must be docs/replay.md's
+The reason codes are one list, :data:`agent.replay.file_format.REASON_CODES`; it must be docs/replay.md's
 table (code and "halts" column), and every code an agent module emits must be in it.
 """
 
