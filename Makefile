@@ -10,7 +10,7 @@ TEST_DATABASE_URL := $(or $(DATABASE_URL),postgres://postgres@127.0.0.1:5432/war
 TEST_HARMONY_DATABASE_URL := $(or $(HARMONY_DATABASE_URL),postgres://postgres@127.0.0.1:5432/warden_harmony)
 TEST_REDIS_URL := $(or $(REDIS_URL),redis://127.0.0.1:6379/0)
 
-.PHONY: run test venv venv-dev bootstrap stop lint
+.PHONY: run test test-slow venv venv-dev bootstrap stop lint
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -36,7 +36,12 @@ run: bootstrap
 
 test: venv-dev
 	DATABASE_URL="$(TEST_DATABASE_URL)" HARMONY_DATABASE_URL="$(TEST_HARMONY_DATABASE_URL)" REDIS_URL="$(TEST_REDIS_URL)" \
-		$(BIN)/pytest $(PYTEST_ARGS)
+		$(BIN)/pytest -m "not slow" $(PYTEST_ARGS)
+
+# The tests marked slow (browsers, real worker processes, many hosts): CI runs them after `make test`.
+test-slow: venv-dev
+	DATABASE_URL="$(TEST_DATABASE_URL)" HARMONY_DATABASE_URL="$(TEST_HARMONY_DATABASE_URL)" REDIS_URL="$(TEST_REDIS_URL)" \
+		$(BIN)/pytest -m slow $(PYTEST_ARGS)
 
 stop: venv
 	$(BIN)/python manage.py bootstrap --stop-workers --stop-redis

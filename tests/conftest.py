@@ -65,3 +65,11 @@ def _fresh_token_calibration():
     CALIBRATION.factor = 1.0
     yield
     CALIBRATION.factor = 1.0
+
+
+def pytest_collection_modifyitems(config, items):
+    """Browser and real-worker integration tests count as ``slow``: ``make test`` leaves them out,
+    ``make test-slow`` (and CI, after ``make test``) runs them."""
+    for item in items:
+        if item.get_closest_marker("browser") or item.get_closest_marker("integration"):
+            item.add_marker(pytest.mark.slow)
