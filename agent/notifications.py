@@ -141,10 +141,10 @@ def approval_parked(approval: Approval) -> None:
            f"It expires in {minutes} min; nothing runs until an operator approves.", _url("/approvals/"))
 
 
-def alert_raised(alert) -> None:
-    """A new alert (``post_save`` of a new :class:`fleet.models.Alert`): P0/P1 notify unless silenced;
-    an escalation as ``escalation``, any other kind as ``alert``."""
-    if "notifications" not in alert_routes(alert.severity) or alert.is_silenced(clock.now()):
+def alert_raised(alert, now=None) -> None:
+    """A new alert (``post_save`` of a new :class:`fleet.models.Alert`): P0/P1 notify unless silenced
+    at ``now``; an escalation as ``escalation``, any other kind as ``alert``."""
+    if "notifications" not in alert_routes(alert.severity) or alert.is_silenced(now or clock.now()):
         return
     kind = "escalation" if alert.kind == "escalation" else "alert"
     where = f" on {alert.instance.external_id}" if alert.instance_id else ""
@@ -176,7 +176,7 @@ def scan(now=None) -> int:
     for alert in Alert.objects.filter(state="firing", severity__in=NOTIFY_SEVERITIES, silenced_until__lte=now,
                                       silenced_until__gte=now - timedelta(hours=1)).select_related("instance"):
         before = Notification.objects.count()
-        alert_raised(alert)
+        alert_raised(alert, now)
         n += Notification.objects.count() - before
     return n
 
