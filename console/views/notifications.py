@@ -41,6 +41,8 @@ def notifications_page(request: HtmxHttpRequest) -> HttpResponse:
                                           kinds=form["kinds"], actor=actor_of(request))
         except ValueError as exc:
             error, status = str(exc), 400
+            if "://" in form["webhook_ref"]:
+                form["webhook_ref"] = ""  # a pasted URL carries its token: never echoed back
         else:
             messages.success(request, "notification settings saved")
             return redirect("notification_settings")
