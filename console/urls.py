@@ -23,6 +23,7 @@ urlpatterns = [
     path("fleet/", fleet.fleet_page, name="fleet"),
     path("runs/", runs.runs_page, name="runs"),
     path("runs/<int:number>/", runs.run_detail, name="run"),
+    path("runs/<int:number>/scenario.json", runs.export_scenario, name="export_scenario"),
     path("approvals/", approvals.approvals_page, name="approvals"),
     path("approvals/<int:pk>/decide/", approvals.decide_approval, name="decide_approval"),
     path("alerts/", alerts.alerts_page, name="alerts"),
