@@ -14,6 +14,7 @@ from console.views import (
     notifications,
     runs,
     settings,
+    timeline,
     traces,
     users,
 )
@@ -34,6 +35,7 @@ urlpatterns = [
     path("actions/", actions.actions_page, name="actions"),
     path("instances/<str:external_id>/", instances.instance_page, name="instance"),
     path("instances/<str:external_id>/act/", instances.instance_action, name="instance_action"),
+    path("instances/<str:external_id>/timeline/", timeline.timeline_page, name="instance_timeline"),
     path("api/instances/<str:external_id>/<str:action>/", api.api_instance_action, name="api_instance_action"),
     path("settings/", settings.settings_page, name="settings"),
     path("notifications/", notifications.notifications_page, name="notification_settings"),
