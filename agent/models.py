@@ -285,7 +285,7 @@ class Notification(models.Model):
     """One message to one operator over one channel: the outbox row (written in the transaction
     that raised the event, sent after commit by the Celery task ``agent.tasks.deliver_notification``).
 
-    ``kind``: approval_new | approval_expiring | approval_expired | alert | escalation.
+    ``kind``: approval_new | approval_expiring | approval_expired | alert | escalation | test (a test an operator asked for).
     ``channel``: email | webhook. ``dedupe_key`` makes each (event, operator, channel) one row.
     ``status``: queued | sent | retrying (Celery retries it later) | failed. ``attempts`` counts
     every delivery attempt; ``last_error`` is the last failure, redacted.

@@ -18,6 +18,7 @@ resolved at send time (``fleet.secrets.resolve``), never stored, logged or shown
 """
 
 import json
+import logging
 import smtplib
 import urllib.error
 import urllib.request
@@ -44,6 +45,7 @@ KINDS = {
 #: severities that notify; every alert shows on the Alerts page
 NOTIFY_SEVERITIES = ("P0", "P1")
 CHANNELS = ("email", "webhook")
+log = logging.getLogger(__name__)
 
 
 class TransientError(Exception):
@@ -103,8 +105,6 @@ def notify(kind: str, key: str, subject: str, body: str, link: str = "") -> list
     transaction; each is sent by ``agent.tasks.deliver_notification`` after commit. Subject and
     body are redacted. Returns the rows created.
     """
-    from agent.tasks import deliver_notification
-
     if kind not in KINDS:
         raise ValueError(f"unknown notification kind {kind!r}; known: {', '.join(KINDS)}")
     created = []
@@ -120,8 +120,41 @@ def notify(kind: str, key: str, subject: str, body: str, link: str = "") -> list
             except IntegrityError:
                 continue  # already announced to this operator on this channel
             created.append(row)
-            transaction.on_commit(lambda pk=row.pk: deliver_notification.delay(pk))
+            transaction.on_commit(lambda pk=row.pk: enqueue(pk), robust=True)
     return created
+
+
+def enqueue(pk: int) -> bool:
+    """Hand notification ``pk`` to Celery. A broker that is down never breaks the event that
+    raised it: the row stays ``queued`` and :func:`scan` hands it over again. Returns True when sent."""
+    from agent.tasks import deliver_notification
+
+    try:
+        deliver_notification.delay(pk)
+        return True
+    except Exception as exc:  # noqa: BLE001 — kombu/redis errors vary; the scan re-sends
+        log.warning("notification %s not enqueued (%s); the monitor's scan re-sends it", pk, type(exc).__name__)
+        return False
+
+
+def send_test(user, actor: str) -> list[Notification]:
+    """A test message to ``user`` on each channel they configured (the Notifications page's "Send a
+    test"); audited as ``notify_test``. Raises ValueError when no channel is configured."""
+    from agent.actions import do_audit
+
+    prefs = NotificationSettings.objects.filter(user=user).first()
+    channels = [c for c, on in (("email", prefs and prefs.email), ("webhook", prefs and prefs.webhook_ref)) if on]
+    if not channels:
+        raise ValueError("set an email address or a webhook reference first, then send a test")
+    now = clock.now()
+    rows = [Notification.objects.create(
+        user=user, kind="test", channel=c, dedupe_key=f"test:{user.pk}:{c}:{now.timestamp()}"[:200],
+        subject="Warden test notification", body=f"{actor} asked for a test at {now:%Y-%m-%d %H:%M:%S} UTC; "
+        "this channel works.", link=_url("/notifications/"), created_at=now) for c in channels]
+    for row in rows:
+        transaction.on_commit(lambda pk=row.pk: enqueue(pk), robust=True)
+    do_audit(actor, "notify_test", f"user:{user.get_username()}", "", None, {"channels": channels})
+    return rows
 
 
 def _url(path: str) -> str:
@@ -154,7 +187,8 @@ def alert_raised(alert, now=None) -> None:
 
 def scan(now=None) -> int:
     """Announce approvals about to expire (within ``EXPIRY_WARNING_MIN``) or expired in the last
-    hour, and P0/P1 alerts still firing when their silence ended. Run by the monitor's beat tick;
+    hour, and P0/P1 alerts still firing when their silence ended; hand over again rows whose
+    enqueue failed (queued, never tried, older than 2 minutes). Run by the monitor's beat tick;
     the dedupe keys make repeated scans send once. Returns the number of rows queued."""
     now = now or clock.now()
     warn = timedelta(minutes=settings.NOTIFY["EXPIRY_WARNING_MIN"])
@@ -171,6 +205,10 @@ def scan(now=None) -> int:
         n += len(notify("approval_expired", f"approval_expired:{a.pk}", f"Approval {a.pk} expired: {_call(a)}",
                         f"Nobody answered run {a.run.number}'s request for {_call(a)} in time; it did not run.",
                         _url(f"/runs/{a.run.number}/")))
+    # rows whose hand-over to Celery failed (the broker was down at commit)
+    for pk in Notification.objects.filter(status="queued", attempts=0, created_at__lt=now - timedelta(minutes=2),
+                                          created_at__gte=now - timedelta(hours=6)).values_list("pk", flat=True):
+        enqueue(pk)
     from fleet.models import Alert
 
     for alert in Alert.objects.filter(state="firing", severity__in=NOTIFY_SEVERITIES, silenced_until__lte=now,

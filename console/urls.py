@@ -39,6 +39,7 @@ urlpatterns = [
     path("api/instances/<str:external_id>/<str:action>/", api.api_instance_action, name="api_instance_action"),
     path("settings/", settings.settings_page, name="settings"),
     path("notifications/", notifications.notifications_page, name="notification_settings"),
+    path("notifications/test/", notifications.send_test, name="notification_test"),
     path("traces/", traces.traces, name="traces"),
     path("memory/", memory.memory_page, name="memory"),
     path("memory/<int:pk>/edit/", memory.edit_fact, name="edit_fact"),

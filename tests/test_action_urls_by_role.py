@@ -34,6 +34,7 @@ def routes(approval_pk: int, alert_pk: int, user_pk: int) -> dict[str, tuple[str
         "silence_alert": (f"/alerts/{alert_pk}/silence/", {"minutes": "60", "comment": "known"}, "operator"),
         "unsilence_alert": (f"/alerts/{alert_pk}/unsilence/", {}, "operator"),
         "notification_settings": ("/notifications/", {"email": "a@example.test", "kind": ["alert"]}, "operator"),
+        "notification_test": ("/notifications/test/", {}, "operator"),
         "instance_action": ("/instances/v-2/act/", {"action": "reboot", "reason": "x"}, "operator"),
         "api_instance_action": ("/api/instances/v-2/reboot/", {"reason": "x"}, "operator"),
         "settings": ("/settings/", {"reason": "x", "limits__max_dph": "1"}, "operator"),
@@ -121,7 +122,7 @@ def test_operators_may_act_but_not_manage_users(client, alice, world, broker_que
     done = set(AuditLog.objects.filter(actor="user:alice").values_list("verb", flat=True))
     assert {"ack_alert", "approve_call", "chat_message", "demo_enqueue", "observe_now", "reboot_instance",
             "reset_session", "set_observe_only", "set_target", "update_memory", "delete_memory", "silence_alert",
-            "unsilence_alert", "notification_settings"} <= done
+            "unsilence_alert", "notification_settings", "notify_test"} <= done
 
 
 def test_superusers_may_manage_users(client, root, world):

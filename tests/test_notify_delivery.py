@@ -148,3 +148,48 @@ def test_the_smtp_password_is_a_reference_resolved_at_send(alice, settings, monk
         n = deliver(n.pk)
     assert n.status == "failed" and n.attempts == 2 and len(box.messages) == 1
     assert n.last_error.startswith(f"SMTP login: secret reference 'file:{secret}': cannot read file")
+
+
+def test_send_a_test_from_the_page(client, alice, mail, monkeypatch):
+    with WebhookReceiver() as hook:
+        monkeypatch.setenv("WARDEN_TEST_SLACK_URL", hook.url)
+        client.force_login(alice)
+        resp = client.post("/notifications/test/")
+        assert resp.status_code == 302 and "set an email address or a webhook reference first" in (
+            client.get("/notifications/").content.decode())
+        do_save_notification_settings(alice, email="alice@example.test", webhook_ref="env:WARDEN_TEST_SLACK_URL",
+                                      kinds=[], actor="user:alice")
+        assert client.post("/notifications/test/").status_code == 302
+        for n in Notification.objects.filter(kind="test"):
+            assert deliver(n.pk).status == "sent"
+    assert mail.messages[0]["Subject"] == "Warden test notification"
+    assert "this channel works" in hook.requests[0]["json"]["text"]
+    assert AuditLog.objects.get(verb="notify_test").after == {"channels": ["email", "webhook"]}
+
+
+def test_a_broker_down_at_commit_never_breaks_the_alert_and_the_scan_sends_it_later(
+        alice, mail, monkeypatch, django_capture_on_commit_callbacks):
+    import kombu.exceptions
+
+    from agent import tasks
+    from agent.notifications import scan
+    from fleet.alerts import raise_alert
+    from fleet.clock import clock
+
+    do_save_notification_settings(alice, email="alice@example.test", webhook_ref="", kinds=["alert"], actor="user:alice")
+
+    def broker_down(*args, **kwargs):
+        raise kombu.exceptions.OperationalError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+
+    monkeypatch.setattr(tasks.deliver_notification, "delay", broker_down)
+    with django_capture_on_commit_callbacks(execute=True):
+        alert = raise_alert("workers_dead", "0 live", severity="P0")
+    assert alert.pk and Notification.objects.get().status == "queued"
+    sent = []
+    monkeypatch.setattr(tasks.deliver_notification, "delay", lambda pk: sent.append(pk))
+    from datetime import timedelta
+
+    scan(clock.now() + timedelta(minutes=1))
+    assert sent == []  # too young: it may still be in the queue
+    scan(clock.now() + timedelta(minutes=3))
+    assert sent == [Notification.objects.get().pk]

@@ -16,7 +16,7 @@ from agent.actions import do_save_notification_settings
 from agent.models import Notification, NotificationSettings
 from agent.notifications import KINDS, reference_status
 from console.templatetags.console_extras import can_act
-from console.views.common import HtmxHttpRequest, _page_context, actor_of
+from console.views.common import HtmxHttpRequest, _page_context, actor_of, operator_required
 
 RECENT = 20
 
@@ -52,3 +52,18 @@ def notifications_page(request: HtmxHttpRequest) -> HttpResponse:
         recent=Notification.objects.filter(user=request.user).order_by("-created_at", "-pk")[:RECENT],
     )
     return render(request, "console/notifications.html", ctx, status=status)
+
+
+@operator_required
+def send_test(request: HtmxHttpRequest) -> HttpResponse:
+    """"Send a test": one message on each channel the operator configured
+    (``agent.notifications.send_test``); none configured: 400 saying what to set first."""
+    from agent.notifications import send_test as queue_test
+
+    try:
+        rows = queue_test(request.user, actor_of(request))
+    except ValueError as exc:
+        messages.error(request, str(exc))
+        return redirect("notification_settings")
+    messages.success(request, f"test queued on {', '.join(r.channel for r in rows)}; its status is below")
+    return redirect("notification_settings")
