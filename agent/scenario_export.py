@@ -2,7 +2,8 @@
 
 "Export as scenario" on a run page (issue 12 §2) writes what the run saw — the fleet and demand of
 its observation, the objectives, limits and policy in force, recent side effects (for hold-off and
-launch-pending), fresh diagnoses with their SSH evidence — and what was proposed: a ``rules`` run
+launch-pending), fresh diagnoses with their SSH evidence, the policy and limits then in force
+(operator overrides changed since are taken back from the audit log) — and what was proposed: a ``rules`` run
 replays the ``rules`` planner on that situation; any other run replays its recorded calls as a
 ``script``. Operator decisions on its approvals are kept, by tool and arguments. The operator
 edits ``policy`` or ``objectives`` and runs ``python manage.py replay FILE`` to see what Warden
@@ -168,6 +169,17 @@ def _decisions(run: Run) -> list[dict]:
     return out
 
 
+def _state_then(now) -> SessionState:
+    """The anchor as it was at ``now``: operator overrides changed since are put back from the
+    ``before`` of the first ``update_overrides`` audit row after ``now`` (unsaved copy)."""
+    state = SessionState.get()
+    later = AuditLog.objects.filter(verb="update_overrides", at__gt=now).order_by("at", "id").first()
+    if later is not None and isinstance(later.before, dict):
+        state.overrides = {**(state.overrides or {}), "policy": later.before.get("policy") or {},
+                           "limits": later.before.get("limits") or {}}
+    return state
+
+
 def export_run(run: Run) -> dict:
     """The replay file (a JSON-shaped dict, version 2) for ``run``.
 
@@ -177,7 +189,7 @@ def export_run(run: Run) -> dict:
 
     summary, observed_at = _observation(run)
     now = observed_at or run.started_at
-    state = SessionState.get()
+    state = _state_then(now)
     limits = effective_limits(state).values
     objectives = {k: limits[k] for k in sorted(OBJECTIVE_KEYS | LIFECYCLE_KEYS) if isinstance(limits.get(k), (int, float))}
     if isinstance(summary.get("target_proofs_hr"), (int, float)):

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from agent.actions import do_update_overrides
 from agent.approvals import do_decide
 from agent.loop import run_cycle
 from agent.models import Approval, Run
@@ -58,9 +59,12 @@ def test_a_rules_run_exports_as_the_rules_planner_on_its_situation(client, alice
     with scenario_world([entry("v-1", live=False)], {**IDLE, "workers_expected": 1, "workers_live": 0},
                         objectives={"target_proofs_hr": 40}):
         run = run_cycle("heartbeat")
+        do_update_overrides({"stop_instance": "forbidden"}, {"max_dph": 3.0}, "user:alice", "after the incident")
         client.force_login(alice)
         data = _download(client, run)
     assert run.planner == "rules" and data["planner"] == "rules" and "steps" not in data
+    # the policy and limits in force during the run, not the ones changed after it
+    assert data["policy"]["stop_instance"] == "approval" and data["objectives"]["max_dph"] != 3.0
     assert data["objectives"]["target_proofs_hr"] == 40
     [v1] = data["fleet"]
     assert v1["worker"]["live"] is False and v1["actual_status"] == "running"
