@@ -40,7 +40,7 @@ def _escalate(severity: str, message: str):
         {"tool": "escalate_human", "args": {"severity": severity, "message": message}}, DONE]))
     step = run.steps.get(tool="escalate_human")
     assert step.outcome == "executed", (step.outcome, step.reason_code, step.detail)
-    return json.loads(step.observation) if step.observation.startswith("{") else step.observation
+    return json.loads(step.observation.removeprefix("ok: true\n"))
 
 
 def test_escalations_p0_and_p1_notify_and_lower_ones_only_reach_the_alerts_page(subscribed):
@@ -49,7 +49,8 @@ def test_escalations_p0_and_p1_notify_and_lower_ones_only_reach_the_alerts_page(
         assert Alert.objects.get(kind="escalation", severity="P2").state == "firing"  # on the Alerts page
         assert Notification.objects.count() == 0
         high = _escalate("P0", "every worker is dead and 40 tasks wait")
-    assert "notifications" not in str(low) and "notifications" in str(high)
+    assert low["routed_to"] == ["alerts"] and "notifications_queued" not in low
+    assert high["routed_to"] == ["alerts", "notifications"] and high["notifications_queued"] == 3
     rows = Notification.objects.all()
     # alice: email + webhook; carol: email only
     assert sorted((n.user.username, n.channel, n.kind) for n in rows) == [
