@@ -1,6 +1,30 @@
 from django.apps import AppConfig
+from django.db.models.signals import post_save
 
 
 class AgentConfig(AppConfig):
     name = "agent"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self):
+        from agent.models import Approval
+        from fleet.models import Alert
+
+        post_save.connect(_approval_saved, sender=Approval, dispatch_uid="agent.notifications.approval")
+        post_save.connect(_alert_saved, sender=Alert, dispatch_uid="agent.notifications.alert")
+
+
+def _approval_saved(sender, instance, created, **kwargs):
+    """A newly parked call notifies the operators who want ``approval_new`` (``agent.notifications``)."""
+    if created and instance.status == "waiting" and not kwargs.get("raw"):
+        from agent.notifications import approval_parked
+
+        approval_parked(instance)
+
+
+def _alert_saved(sender, instance, created, **kwargs):
+    """A new P0/P1 alert notifies (``agent.notifications.alert_routes``); fleet never imports agent."""
+    if created and not kwargs.get("raw"):
+        from agent.notifications import alert_raised
+
+        alert_raised(instance)

@@ -263,3 +263,46 @@ class AuditLog(models.Model):
 
     class Meta:
         ordering = ["-at", "-id"]
+
+
+class NotificationSettings(models.Model):
+    """One operator's notification settings (the Notifications page; ``agent.notifications``).
+
+    ``email``: the address mail goes to (empty: no email). ``webhook_ref``: where the webhook URL
+    lives, ``env:NAME`` or ``file:/path`` (``fleet.secrets.resolve`` at send time; a Slack
+    incoming-webhook URL carries its token, so the URL itself is never stored). ``kinds``: the
+    notification kinds wanted (``agent.notifications.KINDS``).
+    """
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="notification_settings")
+    email = models.EmailField(blank=True)
+    webhook_ref = models.CharField(max_length=500, blank=True)
+    kinds = models.JSONField(default=list, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+
+class Notification(models.Model):
+    """One message to one operator over one channel: the outbox row (written in the transaction
+    that raised the event, sent after commit by the Celery task ``agent.tasks.deliver_notification``).
+
+    ``kind``: approval_new | approval_expiring | approval_expired | alert | escalation | test (a test an operator asked for).
+    ``channel``: email | webhook. ``dedupe_key`` makes each (event, operator, channel) one row.
+    ``status``: queued | sent | retrying (Celery retries it later) | failed. ``attempts`` counts
+    every delivery attempt; ``last_error`` is the last failure, redacted.
+    """
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="notifications")
+    kind = models.CharField(max_length=20)
+    channel = models.CharField(max_length=10)
+    dedupe_key = models.CharField(max_length=200, unique=True)
+    subject = models.CharField(max_length=300)
+    body = models.TextField()
+    link = models.CharField(max_length=300, blank=True)
+    status = models.CharField(max_length=10, default="queued", db_index=True)
+    attempts = models.PositiveIntegerField(default=0)
+    last_error = models.TextField(blank=True)
+    created_at = models.DateTimeField()
+    sent_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]

@@ -64,7 +64,24 @@ def monitor_tick():
     from agent.monitor_runner import monitor_tick as tick
 
     number = tick()
+    from agent.notifications import scan
+
+    scan()  # approvals about to expire or expired, alerts whose silence ended
     # backstop for a lost resume task: a parked run whose approvals are all decided resumes
     for run_id in Run.objects.filter(status="parked").exclude(approvals__status="waiting").values_list("pk", flat=True):
         resume.delay(run_id)
     return number
+
+
+@shared_task(name="agent.tasks.deliver_notification", bind=True, acks_late=True, max_retries=5)
+def deliver_notification(self, pk: int):
+    """Send one queued notification (``agent.notifications.deliver``); returns its status.
+
+    Transient failures that outlast the in-process attempts are retried by Celery after 1, 2, 4,
+    8 and 16 minutes; after the last retry the row is ``failed`` (audited)."""
+    from agent.notifications import deliver
+
+    n = deliver(pk, last_try=self.request.retries >= self.max_retries)
+    if n is not None and n.status == "retrying":
+        raise self.retry(countdown=60 * 2 ** self.request.retries)
+    return n.status if n is not None else None

@@ -251,10 +251,20 @@ def recall(ctx: ToolContext, args: dict) -> dict:
 
 
 def escalate_human(ctx: ToolContext, args: dict) -> dict:
+    """Raise an ``escalation`` alert of ``severity``. It always shows on the Alerts page; P0 and P1
+    also notify the operators who asked for escalations (``agent.notifications.alert_routes``,
+    issue 10 §2). Returns ``{"alert_id", "severity", "routed_to": ["alerts", "notifications"?]}`` and,
+    when routed to the notifications, ``notifications_queued``: how many messages (operators ×
+    channels) were queued — 0 says nobody asked to be told."""
+    from agent.models import Notification
+    from agent.notifications import alert_routes
     from fleet.alerts import raise_alert
 
     alert = raise_alert("escalation", args["message"], severity=args["severity"], key=f"escalation:{ctx.run.number}:{args['message'][:80]}")
-    return {"alert_id": alert.pk, "severity": alert.severity}
+    out = {"alert_id": alert.pk, "severity": alert.severity, "routed_to": alert_routes(alert.severity)}
+    if "notifications" in out["routed_to"]:
+        out["notifications_queued"] = Notification.objects.filter(dedupe_key__startswith=f"alert:{alert.pk}:").count()
+    return out
 
 
 TOOLS: dict[str, Tool] = {

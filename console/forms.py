@@ -247,3 +247,17 @@ class ActiveForm(forms.Form):
 
     active = forms.BooleanField(required=False)
     reason = forms.CharField(required=False, max_length=CAPS["reason"], strip=True, error_messages=too_long("reason"))
+
+
+class SilenceForm(forms.Form):
+    """Silence an alert for one of ``agent.actions.SILENCE_CHOICES`` minutes, saying why (optional)."""
+
+    minutes = forms.TypedChoiceField(coerce=int, choices=[], error_messages={
+        "required": "choose how long to silence it", "invalid_choice": "choose one of the offered durations"})
+    comment = forms.CharField(required=False, max_length=CAPS["comment"], strip=True, error_messages=too_long("comment"))
+
+    def __init__(self, *args, **kwargs):
+        from agent.actions import SILENCE_CHOICES
+
+        super().__init__(*args, **kwargs)
+        self.fields["minutes"].choices = [(m, m) for m in SILENCE_CHOICES]

@@ -311,3 +311,25 @@ MODEL = {
     "PRICE_IN": envfloat("WARDEN_MODEL_PRICE_IN", 0.0),
     "PRICE_OUT": envfloat("WARDEN_MODEL_PRICE_OUT", 0.0),
 }
+
+# --- notifications (agent/notifications.py) ----------------------------------------------------
+# Mail goes through Django's email backends; the SMTP password is a reference (env:NAME or
+# file:/path) resolved at each send, never a value in the environment of this file.
+EMAIL_BACKEND = os.environ.get("WARDEN_EMAIL_BACKEND", "django.core.mail.backends.smtp.EmailBackend")
+EMAIL_HOST = os.environ.get("WARDEN_EMAIL_HOST", "localhost")
+EMAIL_PORT = envint("WARDEN_EMAIL_PORT", 25, minimum=1)
+EMAIL_HOST_USER = os.environ.get("WARDEN_EMAIL_USER", "")
+EMAIL_USE_TLS = envbool("WARDEN_EMAIL_USE_TLS", False)
+EMAIL_TIMEOUT = envfloat("WARDEN_EMAIL_TIMEOUT_S", 10)
+DEFAULT_FROM_EMAIL = os.environ.get("WARDEN_EMAIL_FROM", "warden@localhost")
+NOTIFY = {
+    "EMAIL_PASSWORD_REF": os.environ.get("WARDEN_EMAIL_PASSWORD_REF", "").strip(),
+    # links in messages point here (the console as operators reach it)
+    "BASE_URL": os.environ.get("WARDEN_BASE_URL", "http://127.0.0.1:8000").strip().rstrip("/"),
+    # attempts per delivery (tenacity, exponential wait from RETRY_WAIT_S), then Celery retries later
+    "ATTEMPTS": envint("WARDEN_NOTIFY_ATTEMPTS", 4, minimum=1),
+    "RETRY_WAIT_S": envfloat("WARDEN_NOTIFY_RETRY_WAIT_S", 1.0),
+    "WEBHOOK_TIMEOUT_S": envfloat("WARDEN_NOTIFY_WEBHOOK_TIMEOUT_S", 10),
+    # an approval this close to its expiry is announced as expiring (minutes)
+    "EXPIRY_WARNING_MIN": envfloat("WARDEN_NOTIFY_EXPIRY_WARNING_MIN", 10),
+}

@@ -2,7 +2,8 @@
 
 An alert is keyed (``kind`` plus what it is about); raising a key that is already firing or
 acknowledged does nothing, so an episode makes one alert; :func:`resolve` ends the episode when
-the condition clears.
+the condition clears. A silence (``agent.actions.do_silence_alert``) is on the key: an alert
+raised again while it lasts is created silenced.
 """
 
 from fleet.clock import clock
@@ -20,8 +21,12 @@ def raise_alert(kind: str, message: str, *, severity: str = "P2", key: str | Non
     open_alert = Alert.objects.filter(key=key).exclude(state="resolved").first()
     if open_alert is not None:
         return open_alert
+    now = clock.now()
+    # a silence on this key outlives the episode it was set on: a new episode inside it stays quiet
+    silence = (Alert.objects.filter(key=key, silenced_until__gt=now).order_by("-silenced_until")
+               .values("silenced_until", "silenced_by", "silence_comment").first()) or {}
     alert = Alert.objects.create(
-        kind=kind, key=key, severity=severity, message=message, instance=instance, raised_at=clock.now()
+        kind=kind, key=key, severity=severity, message=message, instance=instance, raised_at=now, **silence
     )
     emit("alerts-changed")
     return alert

@@ -142,6 +142,14 @@ class Alert(models.Model):
     resolved_at = models.DateTimeField(null=True, blank=True)
     acknowledged_by = models.CharField(max_length=150, blank=True)
     ack_comment = models.TextField(blank=True)
+    # a silence: until then the alert neither notifies nor shows as firing (``agent.actions.do_silence_alert``)
+    silenced_until = models.DateTimeField(null=True, blank=True)
+    silenced_by = models.CharField(max_length=150, blank=True)
+    silence_comment = models.TextField(blank=True)
 
     class Meta:
         ordering = ["-raised_at"]
+
+    def is_silenced(self, now) -> bool:
+        """True while a silence covers this alert at ``now`` (an aware datetime)."""
+        return self.silenced_until is not None and self.silenced_until > now

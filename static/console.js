@@ -70,3 +70,9 @@
   }
   setInterval(tick, 1000);
 })();
+
+// Alerts tab: "select every firing alert" ticks each row's checkbox (they belong to #bulk-ack).
+document.addEventListener("change", function (evt) {
+  if (evt.target.id !== "alerts-select-all") return;
+  document.querySelectorAll(".alert-pick:not([disabled])").forEach(function (box) { box.checked = evt.target.checked; });
+});

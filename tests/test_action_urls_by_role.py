@@ -19,7 +19,7 @@ pytestmark = pytest.mark.django_db(databases=["default", "harmony"])
 
 #: not side-effect routes: pages that only read (tests/test_roles.py checks who sees them), the health
 #: check, and Django's sign-in/sign-out views (the admin is an include, not a pattern here)
-NOT_ACTIONS = {"dashboard", "fleet", "runs", "run", "approvals", "alerts", "actions", "instance", "traces", "users",
+NOT_ACTIONS = {"dashboard", "fleet", "runs", "run", "export_scenario", "instance_timeline", "approvals", "alerts", "actions", "instance", "traces", "users",
             "memory", "healthz", "login", "logout"}
 
 
@@ -30,6 +30,11 @@ def routes(approval_pk: int, alert_pk: int, user_pk: int) -> dict[str, tuple[str
     return {
         "decide_approval": (f"/approvals/{approval_pk}/decide/", {"decision": "approve"}, "operator"),
         "ack_alert": (f"/alerts/{alert_pk}/ack/", {"comment": "mine"}, "operator"),
+        "ack_alerts": ("/alerts/ack/", {"alert": [alert_pk], "comment": "all mine"}, "operator"),
+        "silence_alert": (f"/alerts/{alert_pk}/silence/", {"minutes": "60", "comment": "known"}, "operator"),
+        "unsilence_alert": (f"/alerts/{alert_pk}/unsilence/", {}, "operator"),
+        "notification_settings": ("/notifications/", {"email": "a@example.test", "kind": ["alert"]}, "operator"),
+        "notification_test": ("/notifications/test/", {}, "operator"),
         "instance_action": ("/instances/v-2/act/", {"action": "reboot", "reason": "x"}, "operator"),
         "api_instance_action": ("/api/instances/v-2/reboot/", {"reason": "x"}, "operator"),
         "settings": ("/settings/", {"reason": "x", "limits__max_dph": "1"}, "operator"),
@@ -116,7 +121,8 @@ def test_operators_may_act_but_not_manage_users(client, alice, world, broker_que
     assert not User.objects.filter(username="dave").exists() and User.objects.get(pk=carol.pk).is_active
     done = set(AuditLog.objects.filter(actor="user:alice").values_list("verb", flat=True))
     assert {"ack_alert", "approve_call", "chat_message", "demo_enqueue", "observe_now", "reboot_instance",
-            "reset_session", "set_observe_only", "set_target", "update_memory", "delete_memory"} <= done
+            "reset_session", "set_observe_only", "set_target", "update_memory", "delete_memory", "silence_alert",
+            "unsilence_alert", "notification_settings", "notify_test"} <= done
 
 
 def test_superusers_may_manage_users(client, root, world):

@@ -1,4 +1,6 @@
-"""The runs list and one run's page: steps, model calls and the final answer."""
+"""The runs list and one run's page: steps, model calls and the final answer; a run exported as a scenario."""
+
+import json
 
 from django.contrib.auth.decorators import login_required
 from django.db.models import Count
@@ -60,3 +62,24 @@ def run_detail(request: HtmxHttpRequest, number: int) -> HttpResponse:
     if _is_region(request):
         return render(request, "console/partials/run_trace.html", ctx)
     return render(request, "console/run.html", ctx)
+
+
+@login_required
+@require_GET
+@never_cache
+def export_scenario(request: HtmxHttpRequest, number: int) -> HttpResponse:
+    """"Export as scenario": the run's situation as a replay file (``agent.scenario_export``),
+    downloaded as ``run-N-scenario.json`` for ``manage.py replay``. A run that cannot be exported:
+    409 with the reason."""
+    from agent.scenario_export import ScenarioExportError, export_run
+
+    run = Run.objects.filter(number=number).first()
+    if run is None:
+        raise Http404(f"no run {number}")
+    try:
+        data = export_run(run)
+    except ScenarioExportError as exc:
+        return HttpResponse(str(exc), status=409, content_type="text/plain; charset=utf-8")
+    resp = HttpResponse(json.dumps(data, indent=2, ensure_ascii=False) + "\n", content_type="application/json")
+    resp["Content-Disposition"] = f'attachment; filename="run-{run.number}-scenario.json"'
+    return resp
