@@ -12,7 +12,7 @@ would do then; no ``expect`` is written (a rehearsal is read, not asserted).
 Limits of the record, stated in ``about``: per-instance worker liveness is not stored with a
 run, so it is derived from the run's own ``list_instances`` calls when it made one, else from the
 demand's live count (the first N running instances live). Secrets never leave: every text is
-redacted again. The result is checked with the file format's own :class:`~agent.scenario_file.Scenario`
+redacted again. The result is checked with the file format's own :class:`~agent.replay.file_format.Scenario`
 before it is offered; a run that cannot be exported raises :class:`ScenarioExportError`.
 """
 
@@ -22,7 +22,7 @@ from datetime import timedelta
 from pydantic import ValidationError
 
 from agent.models import AuditLog, Run, SessionState
-from agent.scenario_file import LIFECYCLE_KEYS, OBJECTIVE_KEYS, Scenario
+from agent.replay.file_format import LIFECYCLE_KEYS, OBJECTIVE_KEYS, Scenario
 from fleet.models import Diagnosis, Instance
 from fleet.secrets import redact, redact_obj
 
