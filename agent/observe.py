@@ -248,6 +248,7 @@ def lifecycle_alerts(world: World) -> None:
       worker stopped heartbeating while it runs (issue 9 §1.6), with the evidence (status, exit
       code, message, last heartbeat); resolved when it runs with a live worker again;
     - ``stuck_provisioning``: a launch starving the queue (``agent.lifecycle.starving``);
+    - ``provider_error`` for an owned SSH host that cannot be reached, with a diagnosis (never removed);
     - waiting approvals whose instance is gone are void at once (``target_gone``).
     """
     from django.conf import settings
@@ -292,6 +293,9 @@ def lifecycle_alerts(world: World) -> None:
             raise_alert("stuck_provisioning", f"{inst.external_id} still {inst.status or 'provisioning'} after {age:.0f} min "
                         f"with {world.demand.queued} tasks queued and no live worker; it no longer blocks another launch",
                         severity="P1", key=f"stuck_provisioning:{inst.external_id}", instance=inst)
+    from fleet.providers.ssh import unreachable_alerts
+
+    unreachable_alerts(world.instances, world.worker_for)  # owned hosts SSH cannot reach: alert + diagnosis
     void_gone_approvals()
 
 

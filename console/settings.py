@@ -266,7 +266,7 @@ LOGGING = {
 # --- the fleet and the agent -----------------------------------------------------------------
 WARDEN = {
     # which provider launches instances and which demand source is read
-    "PROVIDER": envchoice("WARDEN_PROVIDER", "local", ("local",)),
+    "PROVIDER": envchoice("WARDEN_PROVIDER", "local", ("local", "ssh")),
     "DEMAND_SOURCE": envchoice("WARDEN_DEMAND_SOURCE", "local", ("local", "curio")),
     # Curio proving task names counted as demand (curio.md §3.3)
     "TASK_NAMES": env.list("WARDEN_TASK_NAMES", default=["PoRep", "UpdateProve", "PSProve"]),
