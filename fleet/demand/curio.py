@@ -38,6 +38,9 @@ from fleet.harmony import (
 #: a worker is live while its heartbeat is younger than this many heartbeat intervals
 #: (curio.md §3.4: 3 missed 60-s heartbeats; Curio itself deletes a row only after 10 min)
 LIVE_HEARTBEATS = 3
+#: ``proofs_hr`` is the current rate: successful proofs that ended in this window, per hour of it
+#: (the dashboard names it: "last 15 min")
+RATE_WINDOW = timedelta(minutes=15)
 #: ``proof_s`` is the median over the newest successful proofs of this window …
 PROOF_WINDOW = timedelta(hours=24)
 #: … at most this many of them
@@ -176,9 +179,13 @@ class HarmonyDemandSource:
       ``live=False`` for every expected instance without a row; while live unnamed rows own tasks,
       each instance without a row is shown owning them (it may be one of those rows), so no stop
       or destroy of it passes ``owned_tasks`` without an operator;
-    - ``proofs_hr``: successful history rows of proving tasks with ``work_end`` in the last hour;
+    - ``proofs_hr``: the current rate — successful history rows of proving tasks with ``work_end``
+      in the last ``RATE_WINDOW`` (15 min), per hour of the time they cover: from the earliest
+      ``work_start`` among them (or the window's start, if later) to now. Proving that began 3
+      minutes ago at 360/hr reads 360, not the 18 a trailing-hour count would say (issue 8 §3);
+      ``rate_window_s`` names the window;
       ``proof_s``: median ``work_end - work_start`` of the newest ``PROOF_SAMPLE`` successful ones
-      within ``PROOF_WINDOW`` (None when there are none);
+      within ``PROOF_WINDOW`` (None when there are none), seconds per proof per worker;
     - ``oldest_queued_s``: age of the oldest queued task, seconds (None when none is queued).
 
     ``read`` raises :class:`DemandError` (one line) when ``harmony_machines`` or ``harmony_task``
@@ -364,6 +371,7 @@ class HarmonyDemandSource:
             backlog=backlog,
             proofs_hr=proofs_hr,
             proof_s=proof_s,
+            rate_window_s=RATE_WINDOW.total_seconds(),
             active=running > 0,
             oldest_queued_s=oldest.total_seconds() if oldest is not None else None,
             taken_at=clock.now(),
@@ -374,9 +382,13 @@ class HarmonyDemandSource:
         )
 
     def _history(self, names: list[str]) -> tuple[float, float | None]:
-        """(successful proofs in the last hour, median seconds per proof or None), database clock."""
+        """(current proofs per hour over ``RATE_WINDOW``, median seconds per proof or None), database clock."""
         ok = HarmonyTaskHistory.objects.using(self.using).filter(result=True, name__in=names, work_end__lte=Now())
-        hour = ok.filter(work_end__gte=Now() - timedelta(hours=1)).count()
+        recent = ok.filter(work_end__gte=Now() - RATE_WINDOW).aggregate(n=Count("task_id"), oldest=Max(_age("work_start")))
+        rate = 0.0
+        if recent["n"]:
+            covered = min(RATE_WINDOW, recent["oldest"] or RATE_WINDOW).total_seconds()
+            rate = recent["n"] * 3600.0 / max(1.0, covered)
         spans = list(
             ok.filter(work_end__gte=Now() - PROOF_WINDOW)
             .annotate(span=ExpressionWrapper(F("work_end") - F("work_start"), output_field=DurationField()))
@@ -384,7 +396,7 @@ class HarmonyDemandSource:
             .values_list("span", flat=True)[:PROOF_SAMPLE]
         )
         seconds = [s.total_seconds() for s in spans if s is not None and s.total_seconds() > 0]
-        return float(hour), (statistics.median(seconds) if seconds else None)
+        return round(rate, 1), (statistics.median(seconds) if seconds else None)
 
     def _workers(self, instances, machines, details, live_ids, owned, names) -> dict:
         """The worker fields of the reading (see the class docstring)."""
