@@ -191,7 +191,8 @@ def read_and_record_demand(instances) -> DemandReading:
         active=reading.active,
         idle_since=reading.idle_since if reading.state == "ok" else None,
         detail={**unmatched_view(reading), **({"workers_starting": reading.workers_starting} if reading.workers_starting is not None else {}),
-                "source": reading.source, **({"rate_window_s": reading.rate_window_s} if reading.rate_window_s else {})},
+                "source": reading.source, **({"rate_window_s": reading.rate_window_s} if reading.rate_window_s else {}),
+                **{k: getattr(reading, k) for k in ("proof_s_by_gpu", "proof_s_by_worker") if getattr(reading, k)}},
     )
     if reading.state != "ok":
         raise_alert("demand_unknown", f"demand is {reading.state}: {reading.error or 'no fresh read'}", severity="P1")

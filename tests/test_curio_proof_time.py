@@ -85,3 +85,29 @@ def test_the_demo_case_two_workers_proving_at_360_an_hour_ask_for_no_more(curio,
     assert r.proofs_hr == pytest.approx(360, rel=0.02)  # the read comes a moment after the inserts
     assert launches(target=360) == 0  # 2 live workers at 180/hr each meet the target
     assert launches(target=720) == 2
+
+
+def test_proof_time_is_measured_per_worker_and_per_gpu_model(curio):  # noqa: F811
+    for name, gpu in (("rig-a", "RTX 4090"), ("rig-b", "RTX 4090"), ("rig-c", "H200")):
+        inst = instance(name)
+        inst.gpu_name = gpu
+        inst.save()
+    curio.machine("rig-a", host="10.0.0.1:12300")
+    curio.machine("rig-b", host="10.0.0.2:12300")
+    curio.machine("rig-c", host="10.0.0.3:12300")
+    curio.machine("", host="10.0.0.9:12300")           # no machine_name: not attributable
+    curio.machine("twin-1", host="172.17.0.2:12300")   # two rows share a host_and_port (curio.md §4):
+    curio.machine("twin-2", host="172.17.0.2:12300")   # its proofs belong to neither
+    for s in (30, 32, 34):
+        curio.history(s, host="10.0.0.1:12300")
+    curio.history(40, host="10.0.0.2:12300")
+    for s in (10, 12):
+        curio.history(s, host="10.0.0.3:12300")
+    curio.history(99, host="10.0.0.9:12300")
+    curio.history(99, host="172.17.0.2:12300")
+
+    r = read_demand(instances())
+
+    assert r.proof_s_by_worker == {"rig-a": 32.0, "rig-b": 40.0, "rig-c": 11.0}
+    assert r.proof_s_by_gpu == {"H200": 11.0, "RTX 4090": 33.0}
+    assert r.proof_s == 33.0  # the fleet median counts every proof

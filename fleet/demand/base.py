@@ -41,7 +41,9 @@ class DemandReading:
     ``backlog``: proving work waiting in Curio's pipeline tables with no queue row yet (Curio adds
     queue rows only while a node that can claim them is alive; SCENARIOS.md version 2, curio.md
     §4) — demand like ``queued``, reported separately. ``proof_s``: measured median seconds per
-    proof per worker over the recent window (None: not measured). ``unmatched``: worker rows that
+    proof per worker over the recent window (None: not measured); ``proof_s_by_worker`` and
+    ``proof_s_by_gpu``: the same median per worker name and per GPU model (None: not measured).
+    ``unmatched``: worker rows that
     match none of our instances (empty ``machine_name`` or a name no instance has), each
     ``{"machine_id", "host_and_port", "name", "live", "cordoned", "owned_tasks"}`` — reported, never
     counted dead (None: unknown). ``shared_hosts``: ``host_and_port`` values several rows share
@@ -62,6 +64,8 @@ class DemandReading:
     proofs_hr: float | None = None
     backlog: int | None = None
     proof_s: float | None = None
+    proof_s_by_worker: dict[str, float] | None = None
+    proof_s_by_gpu: dict[str, float] | None = None
     rate_window_s: float | None = None
     active: bool | None = None
     oldest_queued_s: float | None = None

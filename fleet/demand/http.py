@@ -8,6 +8,7 @@ each read, never stored or shown) must answer 200 with a JSON object::
      "running": 3,            # required: proving tasks a live worker owns
      "backlog": 0,            # work waiting upstream with no queue entry yet (counted as demand)
      "proof_s": 240.5,        # measured median seconds per proof per worker (sizing uses it)
+     "proof_s_by_gpu": {"RTX 4090": 240.5},   # the same per GPU model
      "proofs_hr": 40,         # proofs completed over the window below
      "rate_window_s": 900,    # that window, seconds
      "oldest_queued_s": 600,
@@ -54,6 +55,7 @@ class DemandBody(BaseModel):
     running: int = Field(ge=0)
     backlog: int | None = Field(None, ge=0)
     proof_s: float | None = Field(None, gt=0, allow_inf_nan=False)
+    proof_s_by_gpu: dict[str, float] | None = None
     proofs_hr: float | None = Field(None, ge=0, allow_inf_nan=False)
     rate_window_s: float | None = Field(None, gt=0, allow_inf_nan=False)
     oldest_queued_s: float | None = Field(None, ge=0, allow_inf_nan=False)
@@ -141,7 +143,7 @@ class HTTPDemandSource:
                 unreadable[f] = "the demand endpoint sent no workers"
         return DemandReading(
             state=state, error=error, queued=b.queued, running=b.running, backlog=b.backlog, proof_s=b.proof_s,
-            proofs_hr=b.proofs_hr, active=b.running > 0, oldest_queued_s=b.oldest_queued_s, taken_at=now,
+            proof_s_by_gpu=b.proof_s_by_gpu, proofs_hr=b.proofs_hr, active=b.running > 0, oldest_queued_s=b.oldest_queued_s, taken_at=now,
             unreadable=unreadable, rate_window_s=b.rate_window_s, **counts,
         )
 
