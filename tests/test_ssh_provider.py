@@ -253,7 +253,7 @@ def test_an_unreachable_host_gets_an_alert_and_a_diagnosis_not_removal(hosts, ss
     assert "never removed" in alert.message and "Diagnosis: failed/host: provider reports offline" in alert.message
     d = Diagnosis.objects.get(instance=rows["rig-3"])
     assert d.source == "provider" and d.evidence["ssh"]["rc"] == 255
-    assert Instance.objects.get(external_id="rig-3").killed_at is None
+    assert rows["rig-3"].killed_at is None
 
 
 @DB
@@ -271,3 +271,31 @@ def test_the_alert_resolves_when_the_host_answers_again(hosts, sshd):
         set_override(None)
     assert Alert.objects.get(key="provider_error:ssh:rig-1").state == "resolved"
 
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True, databases=["default", "harmony"])
+def test_a_cycle_reads_http_demand_and_starts_a_worker_on_an_owned_host(hosts, settings):
+    """End to end: the http endpoint says work waits and no worker is live; the rules planner
+    launches, and the launch starts the worker on the first free owned host over SSH."""
+    from agent.loop import run_cycle
+    from tests.test_demand_http import Endpoint
+
+    ep = Endpoint()
+    ep.answer({"queued": 5, "running": 0, "workers": []})
+    settings.WARDEN = {**settings.WARDEN, "PROVIDER": "ssh", "DEMAND_SOURCE": "http", "DEMAND_URL": ep.url,
+                       "DEMAND_TIMEOUT_S": 2.0, "DEMAND_TOKEN_ENV": "", "DEMAND_TOKEN_FILE": "", "UNATTENDED": True,
+                       "MAX_INSTANCES": 4, "PROOF_SECONDS": 20.0}
+    try:
+        run = run_cycle("test")
+    finally:
+        ep.close()
+
+    launches = list(run.steps.filter(kind="call", tool="launch_instance").order_by("pk"))
+    # 360/hr wanted at 20 s per proof: two workers, on the two reachable owned hosts
+    assert [(s.outcome, s.ok, s.reason_code) for s in launches] == [("executed", True, "")] * 2
+    rows = {i.external_id: i for i in Instance.objects.filter(provider="ssh")}
+    assert {k: v.status for k, v in rows.items()} == {"rig-1": "running", "rig-2": "running", "rig-3": "offline"}
+    assert (hosts / "rig-1").exists() and (hosts / "curio-rig-2").exists()  # the workers really started over SSH
+    assert Alert.objects.filter(key="provider_error:ssh:rig-3", state="firing").exists()  # rig-3 unreachable
+    assert rows["rig-3"].killed_at is None
