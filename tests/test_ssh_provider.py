@@ -299,3 +299,17 @@ def test_a_cycle_reads_http_demand_and_starts_a_worker_on_an_owned_host(hosts, s
     assert (hosts / "rig-1").exists() and (hosts / "curio-rig-2").exists()  # the workers really started over SSH
     assert Alert.objects.filter(key="provider_error:ssh:rig-3", state="firing").exists()  # rig-3 unreachable
     assert rows["rig-3"].killed_at is None
+
+
+def test_a_launch_is_found_by_its_label_and_a_refused_start_leaves_no_trace(hosts, sshd):
+    p = SSHProvider()
+    p.launch(label="warden-k1")
+
+    assert [pi.external_id for pi in p.find_by_label("warden-k1")] == ["rig-1"]  # how a lost answer is found
+    assert p.find_by_label("warden-other") == []
+
+    sshd.script("worker-start", "exit 3")
+    with pytest.raises(ProviderError):
+        p.launch(label="warden-k2")  # rig-2's start fails: it stays free and unlabelled
+    assert p.find_by_label("warden-k2") == []
+    assert listed(p)["rig-2"].intended_status == "stopped"

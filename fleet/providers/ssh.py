@@ -27,7 +27,9 @@ when given) with ``CURIO_NODE_NAME`` and ``WARDEN_LABEL`` exported; ``stop`` run
 machine. ``destroy`` is refused (``owned_host``): an owned host is never destroyed.
 
 What Warden wants of each host (``intended_status``: running after a launch or resume, stopped
-after a stop; stopped for a host never launched) is kept in ``VAR_DIR/ssh_hosts/<name>``: a
+after a stop; stopped for a host never launched), with the label of the launch (written before
+the start is sent, so a launch whose answer was lost is found by ``find_by_label``), is kept in
+``VAR_DIR/ssh_hosts/<name>``: a
 worker found not running while it is wanted is ``exited`` (an ``instance_exited`` alert), one
 not wanted is ``stopped`` (the host is free).
 
@@ -147,26 +149,28 @@ def _intended_path(name: str) -> Path:
     return Path(settings.VAR_DIR) / "ssh_hosts" / name
 
 
-def _intended(name: str) -> str:
-    """What Warden last asked of host ``name``: ``running`` or ``stopped`` (never asked: stopped)."""
+def _intended(name: str) -> tuple[str, str]:
+    """What Warden last asked of host ``name`` and the label of that launch: (``running`` or
+    ``stopped``, label). Never asked: (``stopped``, "")."""
     try:
-        return "running" if _intended_path(name).read_text().strip() == "running" else "stopped"
+        status, _, label = _intended_path(name).read_text().partition("\n")
     except OSError:
-        return "stopped"
+        return "stopped", ""
+    return ("running" if status.strip() == "running" else "stopped"), label.strip()
 
 
-def _set_intended(name: str, status: str) -> None:
+def _set_intended(name: str, status: str, label: str = "") -> None:
     path = _intended_path(name)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(status)
+    tmp.write_text(f"{status}\n{label}")
     tmp.replace(path)
 
 
 class SSHProvider(Provider):
     """Owned hosts over SSH (module docstring). Every call raises ``ProviderError``: ``config``
-    for a bad hosts file, ``not_found`` for an unknown host, ``ssh_unreachable`` (transient) when
-    the host cannot be reached, ``command_failed`` when ``start``/``stop`` exits non-zero,
+    for a bad hosts file, ``not_found`` for an unknown host, ``connection_refused`` (transient, not
+    sent) when the host cannot be reached, ``ssh_dropped`` (transient, outcome unknown) when the session drops, ``command_failed`` when ``start``/``stop`` exits non-zero,
     ``no_free_host`` when every host is busy or unreachable, ``owned_host`` for a destroy."""
 
     name = "ssh"
@@ -193,7 +197,8 @@ class SSHProvider(Provider):
 
     def _run(self, h: HostConfig, *commands: tuple[str, float]) -> list[tuple[int, str]]:
         """Run each ``(command, timeout_s)`` on ``h`` in one session; raises ``ProviderError``
-        ``ssh_unreachable`` when it cannot connect or the session drops."""
+        ``connection_refused`` when it cannot connect (nothing was sent), ``ssh_dropped`` when the
+        session drops (a command may have run)."""
         out = []
         try:
             with self.runner(h) as r:
@@ -201,10 +206,11 @@ class SSHProvider(Provider):
                     rc, text = r.run(cmd, timeout_s=timeout)
                     if r.broken:
                         raise ProviderError(f"{h.name}: the SSH session dropped: {text[-200:]}", kind="transient",
-                                            code="ssh_unreachable")
+                                            code="ssh_dropped")
                     out.append((rc, text))
         except Unreachable as exc:
-            raise ProviderError(f"{h.name} unreachable: {exc}", kind="transient", code="ssh_unreachable") from None
+            # nothing was sent: like a refused connection, safe to send again (ProviderError.not_sent)
+            raise ProviderError(f"{h.name} unreachable: {exc}", kind="transient", code="connection_refused") from None
         return out
 
     # -- reads --------------------------------------------------------------------------------
@@ -216,7 +222,7 @@ class SSHProvider(Provider):
         except ProviderError as exc:
             pi.status, pi.status_msg = "offline", f"unreachable over SSH: {exc}"[:500]
             return pi
-        pi.intended_status = _intended(h.name)
+        pi.intended_status, pi.label = _intended(h.name)
         if rc == 0:
             pi.status = "running"
         else:
@@ -251,12 +257,20 @@ class SSHProvider(Provider):
 
     # -- effects ------------------------------------------------------------------------------
     def _start(self, h: HostConfig, label: str = "") -> ProviderInstance:
-        (rc, text), (check_rc, _) = self._run(h, (_with_env(h, h.start, label), h.start_timeout_s),
-                                              (_with_env(h, h.check), h.timeout_s))
+        # recorded before the command is sent: a start whose answer is lost is found by its label
+        before = _intended(h.name)
+        _set_intended(h.name, "running", label)
+        try:
+            (rc, text), (check_rc, _) = self._run(h, (_with_env(h, h.start, label), h.start_timeout_s),
+                                                  (_with_env(h, h.check), h.timeout_s))
+        except ProviderError as exc:
+            if exc.not_sent:  # could not connect: nothing was sent
+                _set_intended(h.name, *before)
+            raise
         if rc != 0:
+            _set_intended(h.name, *before)
             raise ProviderError(f"{h.name}: start exited {rc}: {text.strip()[-300:]}", kind="permanent",
                                 code="command_failed")
-        _set_intended(h.name, "running")
         return ProviderInstance(h.name, "running" if check_rc == 0 else "loading", gpu_name=h.gpu_name, dph=h.dph,
                                 label=label, ssh_host=h.host, ssh_port=h.port, worker_name=h.curio_name,
                                 extra={"provider": self.name})
@@ -281,7 +295,7 @@ class SSHProvider(Provider):
         ((rc, text),) = self._run(h, (_with_env(h, h.stop), h.timeout_s))
         if rc != 0:
             raise ProviderError(f"{h.name}: stop exited {rc}: {text.strip()[-300:]}", code="command_failed")
-        _set_intended(h.name, "stopped")
+        _set_intended(h.name, "stopped", _intended(h.name)[1])
 
     def reboot(self, external_id: str) -> None:
         """Restart the worker (``stop``, then ``start``); the machine is not rebooted."""
