@@ -138,7 +138,7 @@ def _record_launch(provider, pi, *, gpu_name: str, actor: str, reason: str, labe
     now = clock.now()
     # a sync between the launch and this save may already have adopted the row
     inst, _ = Instance.objects.update_or_create(
-        provider=provider.name,
+        provider=pi.extra.get("provider") or provider.name,  # owned hosts launched beside a rented provider
         external_id=pi.external_id,
         defaults=dict(
             label=(pi.label or label or "")[:100],

@@ -217,8 +217,10 @@ def check(tool: str, args: dict, key: str, world, *, batch_prior: list[tuple[str
         # an open launch claim (settled ones block nothing: agent.claims.settle_claims)
         if SideEffect.objects.filter(tool="launch_instance", status="claimed").exists():
             return Refusal("launch_pending", "an earlier launch is still in flight")
-        # instance_cap (starving launches and instances being destroyed still count)
-        count = sum(1 for i in world.instances if i.killed_at is None) + prior_launches
+        # instance_cap (starving launches and instances being destroyed still count; an owned host
+        # whose worker is not running is idle capacity a launch may start, not an instance in use)
+        count = sum(1 for i in world.instances if i.killed_at is None
+                    and not (i.is_owned_host and i.status in ("stopped", "exited", "offline"))) + prior_launches
         if count + 1 > lim.max_instances:
             return Refusal("instance_cap", f"{count} instances; the cap is {lim.max_instances}")
         # budget_cap

@@ -190,7 +190,9 @@ def read_and_record_demand(instances) -> DemandReading:
         proof_s=reading.proof_s,
         active=reading.active,
         idle_since=reading.idle_since if reading.state == "ok" else None,
-        detail={**unmatched_view(reading), **({"workers_starting": reading.workers_starting} if reading.workers_starting is not None else {})},
+        detail={**unmatched_view(reading), **({"workers_starting": reading.workers_starting} if reading.workers_starting is not None else {}),
+                "source": reading.source, **({"rate_window_s": reading.rate_window_s} if reading.rate_window_s else {}),
+                **{k: getattr(reading, k) for k in ("proof_s_by_gpu", "proof_s_by_worker") if getattr(reading, k)}},
     )
     if reading.state != "ok":
         raise_alert("demand_unknown", f"demand is {reading.state}: {reading.error or 'no fresh read'}", severity="P1")
@@ -248,6 +250,7 @@ def lifecycle_alerts(world: World) -> None:
       worker stopped heartbeating while it runs (issue 9 §1.6), with the evidence (status, exit
       code, message, last heartbeat); resolved when it runs with a live worker again;
     - ``stuck_provisioning``: a launch starving the queue (``agent.lifecycle.starving``);
+    - ``provider_error`` for an owned SSH host that cannot be reached, with a diagnosis (never removed);
     - waiting approvals whose instance is gone are void at once (``target_gone``).
     """
     from django.conf import settings
@@ -292,6 +295,9 @@ def lifecycle_alerts(world: World) -> None:
             raise_alert("stuck_provisioning", f"{inst.external_id} still {inst.status or 'provisioning'} after {age:.0f} min "
                         f"with {world.demand.queued} tasks queued and no live worker; it no longer blocks another launch",
                         severity="P1", key=f"stuck_provisioning:{inst.external_id}", instance=inst)
+    from fleet.providers.ssh import unreachable_alerts
+
+    unreachable_alerts(world.instances, world.worker_for)  # owned hosts SSH cannot reach: alert + diagnosis
     void_gone_approvals()
 
 

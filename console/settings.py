@@ -266,8 +266,14 @@ LOGGING = {
 # --- the fleet and the agent -----------------------------------------------------------------
 WARDEN = {
     # which provider launches instances and which demand source is read
-    "PROVIDER": envchoice("WARDEN_PROVIDER", "local", ("local",)),
-    "DEMAND_SOURCE": envchoice("WARDEN_DEMAND_SOURCE", "local", ("local", "curio")),
+    "PROVIDER": envchoice("WARDEN_PROVIDER", "local", ("local", "ssh")),
+    "DEMAND_SOURCE": envchoice("WARDEN_DEMAND_SOURCE", "local", ("local", "curio", "http")),
+    # the http demand source: a JSON endpoint (fleet/demand/http.py), its timeout, and its bearer
+    # token by reference (a variable's name or a file's path; never the token itself)
+    "DEMAND_URL": os.environ.get("WARDEN_DEMAND_URL", "").strip(),
+    "DEMAND_TIMEOUT_S": envfloat("WARDEN_DEMAND_TIMEOUT_S", 5.0),
+    "DEMAND_TOKEN_ENV": os.environ.get("WARDEN_DEMAND_TOKEN_ENV", "").strip(),
+    "DEMAND_TOKEN_FILE": os.environ.get("WARDEN_DEMAND_TOKEN_FILE", "").strip(),
     # Curio proving task names counted as demand (curio.md §3.3)
     "TASK_NAMES": env.list("WARDEN_TASK_NAMES", default=["PoRep", "UpdateProve", "PSProve"]),
     # observe heartbeat (Celery beat), seconds

@@ -63,12 +63,13 @@ class CurioDB:
         )
         return tid
 
-    def history(self, seconds: float, *, name: str = "PoRep", ended_s_ago: float = 60.0, result: bool = True) -> None:
+    def history(self, seconds: float, *, name: str = "PoRep", ended_s_ago: float = 60.0, result: bool = True,
+                host: str = "10.0.0.5:12300") -> None:
         self.sql(
             "INSERT INTO harmony_task_history (task_id, name, posted, work_start, work_end, result, err, "
             "completed_by_host_and_port) VALUES (1, %s, now() - make_interval(secs => %s), "
-            "now() - make_interval(secs => %s), now() - make_interval(secs => %s), %s, '', '10.0.0.5:12300')",
-            [name, ended_s_ago + seconds + 5, ended_s_ago + seconds, ended_s_ago, result],
+            "now() - make_interval(secs => %s), now() - make_interval(secs => %s), %s, '', %s)",
+            [name, ended_s_ago + seconds + 5, ended_s_ago + seconds, ended_s_ago, result, host],
         )
 
     def snap_sector(self, number: int, *, after_encode=True, after_prove=False, task_id_prove=None) -> None:

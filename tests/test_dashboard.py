@@ -232,3 +232,16 @@ def test_workers_heartbeating_inside_the_grace_are_not_starting(client, alice, s
     client.force_login(alice)
     page = client.get("/").content.decode()
     assert "starting (not yet expected)" not in page
+
+
+def test_it_shows_the_source_its_state_and_age_and_the_rate_with_its_window(client, alice):
+    DemandSample.objects.create(taken_at=timezone.now() - timedelta(seconds=40), state="ok", queued=0, running=2,
+                                workers_expected=2, workers_live=2, workers_dead=0, proofs_hr=358.3, proof_s=20.0,
+                                detail={"source": "curio", "rate_window_s": 900,
+                                        "proof_s_by_gpu": {"H200": 11.0, "RTX 4090": 33.0}})
+    client.force_login(alice)
+    html = client.get("/").content.decode()
+    assert "demand: OK" in html and 'id="demand-source"' in html and "source curio" in html and "read 40 s ago" in html
+    assert 'id="card-rate-window">(last 15 min)<' in html
+    assert "358.3" in html and "20 s per proof" in html
+    assert 'id="card-proof-s-gpu"' in html and "H200 11 s · RTX 4090 33 s" in html

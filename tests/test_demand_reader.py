@@ -123,7 +123,7 @@ def test_it_judges_liveness_by_the_database_clock_not_wardens(knobs):
     assert (r.workers_live, r.workers_dead) == (1, 0)
 
 
-def test_it_counts_successful_proofs_of_the_last_hour(knobs):
+def test_the_current_rate_counts_successful_proofs_of_the_last_15_minutes_per_hour_covered(knobs):
     now = timezone.now()
 
     def hist(name="PoRep", result=True, ago_min=5):
@@ -141,10 +141,12 @@ def test_it_counts_successful_proofs_of_the_last_hour(knobs):
     for _ in range(3):
         hist()
     hist(result=False)
-    hist(ago_min=61)
+    hist(ago_min=16)  # outside the 15-minute window
     hist(name="SDR")
 
-    assert HarmonyDemandSource().read([]).proofs_hr == 3.0
+    r = HarmonyDemandSource().read([])
+    assert r.proofs_hr == 36.0  # 3 proofs over the 5 minutes since the first began
+    assert r.rate_window_s == 900
 
 
 def test_its_query_count_does_not_grow_with_the_fleet(knobs):

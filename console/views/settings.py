@@ -68,6 +68,79 @@ def reset_session(request: HtmxHttpRequest) -> HttpResponse:
     )
 
 
+# --- providers and demand sources (read-only: configured by environment) ------------------------
+def _where(url: str) -> str:
+    """``url`` without credentials, query or fragment (``scheme://host:port/path``); "" if unset."""
+    from urllib.parse import urlsplit
+
+    if not url:
+        return ""
+    try:
+        p = urlsplit(url)
+        host = p.hostname or ""
+        port = f":{p.port}" if p.port else ""
+    except ValueError:
+        return "(not a valid URL)"
+    return f"{p.scheme}://{host}{port}{p.path}" if p.scheme else "(not a valid URL)"
+
+
+def _env_ref(name: str) -> dict:
+    """A variable named as a reference: its name and whether it is set (never its value)."""
+    import os
+
+    return {"name": name, "set": bool(os.environ.get(name))}
+
+
+def _file_ref(path: str) -> dict:
+    """A file named as a reference: its path and whether it can be read (never its content)."""
+    import os
+
+    return {"name": path, "set": bool(path) and os.access(path, os.R_OK)}
+
+
+def sources_context() -> dict:
+    """The providers and demand sources in use, by reference only: setting names, variable names,
+    file paths and addresses without credentials — never a secret's value (DESIGN.md invariant 6).
+    Owned hosts are listed from WARDEN_SSH_HOSTS_FILE (name, address, user, key file); their
+    commands are not shown (a command line may carry a secret)."""
+    import os
+
+    from fleet.providers import ProviderError
+    from fleet.providers import ssh as owned
+    from fleet.secrets import redact
+
+    w = settings.WARDEN
+    hosts, hosts_error = [], ""
+    path = owned.hosts_file()
+    if path:
+        try:
+            hosts = [{"name": h.name, "address": f"{h.host}:{h.port}", "user": h.user, "gpu_name": h.gpu_name,
+                      "worker_name": h.curio_name, "key": _file_ref(h.key_file) if h.key_file else None}
+                     for h in owned.load_hosts(path)]
+        except ProviderError as exc:
+            hosts_error = redact(str(exc))
+    token = None
+    if w.get("DEMAND_TOKEN_ENV"):
+        token = {"kind": "variable", **_env_ref(w["DEMAND_TOKEN_ENV"])}
+    elif w.get("DEMAND_TOKEN_FILE"):
+        token = {"kind": "file", **_file_ref(w["DEMAND_TOKEN_FILE"])}
+    return {
+        "provider": w["PROVIDER"],
+        "owned": {
+            "file": _file_ref(path) if path else None,
+            "hosts": hosts,
+            "error": hosts_error,
+            "default_key": _file_ref(os.environ["WARDEN_SSH_KEY_FILE"]) if os.environ.get("WARDEN_SSH_KEY_FILE") else None,
+            "default_user": os.environ.get("WARDEN_SSH_USER", "root"),
+        },
+        "demand_source": w["DEMAND_SOURCE"],
+        "harmony": {"setting": "HARMONY_DATABASE_URL", "set": bool(os.environ.get("HARMONY_DATABASE_URL")),
+                    "where": _where(os.environ.get("HARMONY_DATABASE_URL", ""))},
+        "http": {"setting": "WARDEN_DEMAND_URL", "set": bool(w.get("DEMAND_URL")), "where": _where(w.get("DEMAND_URL", "")),
+                 "timeout_s": w.get("DEMAND_TIMEOUT_S"), "token": token},
+    }
+
+
 # --- settings page ------------------------------------------------------------------------------
 def _settings_form(state: SessionState, data=None) -> SettingsForm:
     table = effective_policy(state)
@@ -156,4 +229,4 @@ def settings_page(request: HtmxHttpRequest) -> HttpResponse:
         if saved:
             trigger_client_event(resp, "settings-changed")
         return resp
-    return render(request, "console/settings.html", ctx, status=status)
+    return render(request, "console/settings.html", {**ctx, "sources": sources_context()}, status=status)

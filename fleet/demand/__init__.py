@@ -16,7 +16,11 @@ def get_source(name: str | None = None):
         from fleet.demand.curio import HarmonyDemandSource
 
         return HarmonyDemandSource(kind=name)
-    raise DemandError(f"unknown demand source {name!r}; set WARDEN_DEMAND_SOURCE=local")
+    if name == "http":
+        from fleet.demand.http import HTTPDemandSource
+
+        return HTTPDemandSource()
+    raise DemandError(f"unknown demand source {name!r}; set WARDEN_DEMAND_SOURCE to local, curio or http")
 
 
 def set_override(source) -> None:
@@ -26,15 +30,18 @@ def set_override(source) -> None:
 
 
 def read_demand(instances) -> DemandReading:
-    """Read demand for our non-killed ``instances``; any failure is ``state="unknown"``."""
+    """Read demand for our non-killed ``instances``; any failure is ``state="unknown"``. The
+    reading's ``source`` names the source that was read."""
     from fleet.clock import clock
 
+    source = settings.WARDEN["DEMAND_SOURCE"] if _override is None else getattr(_override, "kind", "scenario")
     try:
         reading = get_source().read(instances)
     except DemandError as exc:  # our own one-line message says what is wrong
-        return DemandReading.unknown(str(exc), taken_at=clock.now())
+        reading = DemandReading.unknown(str(exc), taken_at=clock.now())
     except Exception as exc:  # noqa: BLE001 — an unreadable source is 'unknown', never zero
-        return DemandReading.unknown(f"{type(exc).__name__}: {exc}", taken_at=clock.now())
+        reading = DemandReading.unknown(f"{type(exc).__name__}: {exc}", taken_at=clock.now())
+    reading.source = reading.source or source
     if reading.taken_at is None:
         reading.taken_at = clock.now()
     return reading

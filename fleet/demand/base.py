@@ -31,7 +31,8 @@ class DemandReading:
     ``workers_dead``: expected minus live minus cordoned (a cordoned worker drains, it is not dead).
     ``workers_starting``: running instances still inside the startup grace whose worker has not
     heartbeated yet (a worker that heartbeats is live whatever the grace).
-    ``proofs_hr``: successful proofs over the last hour. ``idle_since``: since when the queue
+    ``proofs_hr``: the current rate, successful proofs per hour over the source's recent window,
+    ``rate_window_s`` seconds long (None: the source does not say). ``idle_since``: since when the queue
     has been empty with nothing running, when the source knows (else the observer derives it
     from earlier samples). ``active``: Curio-style flag (some task
     running) — kept only to show that it must not be read as "no demand".
@@ -40,13 +41,16 @@ class DemandReading:
     ``backlog``: proving work waiting in Curio's pipeline tables with no queue row yet (Curio adds
     queue rows only while a node that can claim them is alive; SCENARIOS.md version 2, curio.md
     §4) — demand like ``queued``, reported separately. ``proof_s``: measured median seconds per
-    proof per worker over the recent window (None: not measured). ``unmatched``: worker rows that
+    proof per worker over the recent window (None: not measured); ``proof_s_by_worker`` and
+    ``proof_s_by_gpu``: the same median per worker name and per GPU model (None: not measured).
+    ``unmatched``: worker rows that
     match none of our instances (empty ``machine_name`` or a name no instance has), each
     ``{"machine_id", "host_and_port", "name", "live", "cordoned", "owned_tasks"}`` — reported, never
     counted dead (None: unknown). ``shared_hosts``: ``host_and_port`` values several rows share
     (Curio registers by it: such nodes share cordon flags), each with the row ids.
     ``unreadable`` maps each field the source could not read this time (its value is None) to why;
-    the rest of the reading stands.
+    the rest of the reading stands. ``source``: the demand source that answered (``curio``,
+    ``local``, ``http``, ``scenario``), set by ``fleet.demand.read_demand``.
     """
 
     state: str
@@ -60,6 +64,9 @@ class DemandReading:
     proofs_hr: float | None = None
     backlog: int | None = None
     proof_s: float | None = None
+    proof_s_by_worker: dict[str, float] | None = None
+    proof_s_by_gpu: dict[str, float] | None = None
+    rate_window_s: float | None = None
     active: bool | None = None
     oldest_queued_s: float | None = None
     idle_since: datetime | None = None
@@ -69,6 +76,7 @@ class DemandReading:
     unmatched: list[dict] | None = field(default_factory=list)
     shared_hosts: dict[str, list[int]] = field(default_factory=dict)
     unreadable: dict[str, str] = field(default_factory=dict)
+    source: str = ""
 
     @classmethod
     def unknown(cls, error: str, taken_at: datetime | None = None) -> "DemandReading":

@@ -38,6 +38,9 @@ from fleet.harmony import (
 #: a worker is live while its heartbeat is younger than this many heartbeat intervals
 #: (curio.md §3.4: 3 missed 60-s heartbeats; Curio itself deletes a row only after 10 min)
 LIVE_HEARTBEATS = 3
+#: ``proofs_hr`` is the current rate: successful proofs that ended in this window, per hour of it
+#: (the dashboard names it: "last 15 min")
+RATE_WINDOW = timedelta(minutes=15)
 #: ``proof_s`` is the median over the newest successful proofs of this window …
 PROOF_WINDOW = timedelta(hours=24)
 #: … at most this many of them
@@ -51,7 +54,8 @@ NEEDED: dict[str, dict[str, str | None]] = {
                          "unschedulable": "20250111-machine-maintenance"},
     "harmony_machine_details": {"machine_id": None, "tasks": None, "machine_name": "20240527-machine_name"},
     "harmony_task": {"id": None, "name": None, "owner_id": None, "posted_time": None},
-    "harmony_task_history": {"name": None, "work_start": None, "work_end": None, "result": None},
+    "harmony_task_history": {"name": None, "work_start": None, "work_end": None, "result": None,
+                             "completed_by_host_and_port": None},
     "sectors_snap_pipeline": {"after_encode": None, "task_id_prove": None, "after_prove": None},
     "sectors_sdr_pipeline": {"after_precommit_msg_success": None, "seed_epoch": None, "task_id_porep": None,
                              "after_porep": None, "failed": None},
@@ -69,7 +73,7 @@ TABLE_ADDED = {
 ESSENTIAL = ("harmony_machines", "harmony_task")
 FEEDS = {
     "harmony_machine_details": ("workers_live", "workers_dead", "workers_cordoned", "unmatched"),
-    "harmony_task_history": ("proofs_hr", "proof_s"),
+    "harmony_task_history": ("proofs_hr", "proof_s", "proof_s_by_worker", "proof_s_by_gpu"),
     "sectors_snap_pipeline": ("backlog",),
     "sectors_sdr_pipeline": ("backlog",),
 }
@@ -176,9 +180,13 @@ class HarmonyDemandSource:
       ``live=False`` for every expected instance without a row; while live unnamed rows own tasks,
       each instance without a row is shown owning them (it may be one of those rows), so no stop
       or destroy of it passes ``owned_tasks`` without an operator;
-    - ``proofs_hr``: successful history rows of proving tasks with ``work_end`` in the last hour;
+    - ``proofs_hr``: the current rate — successful history rows of proving tasks with ``work_end``
+      in the last ``RATE_WINDOW`` (15 min), per hour of the time they cover: from the earliest
+      ``work_start`` among them (or the window's start, if later) to now. Proving that began 3
+      minutes ago at 360/hr reads 360, not the 18 a trailing-hour count would say (issue 8 §3);
+      ``rate_window_s`` names the window;
       ``proof_s``: median ``work_end - work_start`` of the newest ``PROOF_SAMPLE`` successful ones
-      within ``PROOF_WINDOW`` (None when there are none);
+      within ``PROOF_WINDOW`` (None when there are none), seconds per proof per worker;
     - ``oldest_queued_s``: age of the oldest queued task, seconds (None when none is queued).
 
     ``read`` raises :class:`DemandError` (one line) when ``harmony_machines`` or ``harmony_task``
@@ -354,9 +362,10 @@ class HarmonyDemandSource:
         shared = {hp: ids for hp, ids in hosts.items() if len(ids) > 1}
 
         counts = self._workers(instances, machines, details, live_ids, owned, names)
-        proofs_hr = proof_s = None
+        proofs_hr = proof_s = by_worker = by_gpu = None
         if history is not None:
-            proofs_hr, proof_s = history
+            proofs_hr, proof_s, spans = history
+            by_worker, by_gpu = _per_worker(spans, machines, details, shared, instances)
         return DemandReading(
             state="ok",
             queued=queued,
@@ -364,6 +373,9 @@ class HarmonyDemandSource:
             backlog=backlog,
             proofs_hr=proofs_hr,
             proof_s=proof_s,
+            proof_s_by_worker=by_worker,
+            proof_s_by_gpu=by_gpu,
+            rate_window_s=RATE_WINDOW.total_seconds(),
             active=running > 0,
             oldest_queued_s=oldest.total_seconds() if oldest is not None else None,
             taken_at=clock.now(),
@@ -373,18 +385,24 @@ class HarmonyDemandSource:
             **counts,
         )
 
-    def _history(self, names: list[str]) -> tuple[float, float | None]:
-        """(successful proofs in the last hour, median seconds per proof or None), database clock."""
+    def _history(self, names: list[str]) -> tuple[float, float | None, list[tuple[str, float]]]:
+        """(current proofs per hour over ``RATE_WINDOW``, median seconds per proof or None, and the
+        ``(completed_by_host_and_port, seconds)`` of each proof in the sample), database clock."""
         ok = HarmonyTaskHistory.objects.using(self.using).filter(result=True, name__in=names, work_end__lte=Now())
-        hour = ok.filter(work_end__gte=Now() - timedelta(hours=1)).count()
+        recent = ok.filter(work_end__gte=Now() - RATE_WINDOW).aggregate(n=Count("task_id"), oldest=Max(_age("work_start")))
+        rate = 0.0
+        if recent["n"]:
+            covered = min(RATE_WINDOW, recent["oldest"] or RATE_WINDOW).total_seconds()
+            rate = recent["n"] * 3600.0 / max(1.0, covered)
         spans = list(
             ok.filter(work_end__gte=Now() - PROOF_WINDOW)
             .annotate(span=ExpressionWrapper(F("work_end") - F("work_start"), output_field=DurationField()))
             .order_by("-work_end")
-            .values_list("span", flat=True)[:PROOF_SAMPLE]
+            .values_list("completed_by_host_and_port", "span")[:PROOF_SAMPLE]
         )
-        seconds = [s.total_seconds() for s in spans if s is not None and s.total_seconds() > 0]
-        return float(hour), (statistics.median(seconds) if seconds else None)
+        spans = [(hp or "", s.total_seconds()) for hp, s in spans if s is not None and s.total_seconds() > 0]
+        seconds = [x for _, x in spans]
+        return round(rate, 1), (statistics.median(seconds) if seconds else None), spans
 
     def _workers(self, instances, machines, details, live_ids, owned, names) -> dict:
         """The worker fields of the reading (see the class docstring)."""
@@ -473,3 +491,31 @@ class HarmonyDemandSource:
             "workers": workers,
             "unmatched": unmatched,
         }
+
+
+def _per_worker(spans, machines, details, shared, instances) -> tuple[dict | None, dict | None]:
+    """Median seconds per proof per worker name and per GPU model (``gpu_name`` of our instance
+    with that worker name) from the sampled proofs' ``completed_by_host_and_port`` (curio.md §4:
+    history names the host, not the machine). A proof is attributed to a worker only when exactly
+    one machine row has its ``host_and_port`` and that row has a ``machine_name``; proofs of
+    shared or unknown hosts count in the fleet median only. (None, None) when details are unknown."""
+    if details is None:
+        return None, None
+    name_of_id = {d["machine_id"]: d.get("machine_name") or "" for d in details}
+    name_of_host = {}
+    for m in machines:
+        hp = m["host_and_port"] or ""
+        if hp and hp not in shared and name_of_id.get(m["id"]):
+            name_of_host[hp] = name_of_id[m["id"]]
+    gpu_of = {i.worker_name or i.external_id: i.gpu_name for i in instances if getattr(i, "gpu_name", "")}
+    per_worker: dict[str, list[float]] = {}
+    per_gpu: dict[str, list[float]] = {}
+    for hp, seconds in spans:
+        name = name_of_host.get(hp)
+        if not name:
+            continue
+        per_worker.setdefault(name, []).append(seconds)
+        if gpu_of.get(name):
+            per_gpu.setdefault(gpu_of[name], []).append(seconds)
+    return ({k: statistics.median(v) for k, v in sorted(per_worker.items())},
+            {k: statistics.median(v) for k, v in sorted(per_gpu.items())})
