@@ -92,11 +92,17 @@ class LlmPlanner(Planner):
     def next_turn(self, ctx) -> Turn | None:
         if self.fallback is not None:
             return self._rules_turn(ctx)
+        begin, flush = getattr(self.on_delta, "begin_turn", None), getattr(self.on_delta, "flush", None)
+        if begin is not None:  # a ChatStream (agent.chat_stream): frames name the turn
+            begin(ctx.turn_index)
         try:
             reply = chat(self.config, self.messages(ctx), tool_schemas(), run=ctx.run, on_delta=self.on_delta)
         except (ModelError, SecretReferenceError) as exc:
             self._fall_back(ctx, exc)
             return self._rules_turn(ctx)
+        finally:
+            if flush is not None:
+                flush(final=True)
         turn = turn_from_message(reply.message)
         turn.tokens_in, turn.tokens_out = reply.tokens_in, reply.tokens_out
         if self._estimated > 0 and reply.tokens_in > 0:  # the estimate learns from the API's usage
