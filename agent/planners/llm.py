@@ -85,7 +85,10 @@ class LlmPlanner(Planner):
 
         recalled = "\n".join(recall_for_prompt(ctx.message or "", limit=8))  # the middle tier (seed 002)
         system = system_prompt(ctx.world.summary(), objectives=SessionState.get().objectives, recalled=recalled)
-        context = build_context(run=ctx.run, system=system)
+        from agent.model_digest import ModelSummarizer
+
+        # older history is folded into a running summary the model writes (extractive if it cannot)
+        context = build_context(run=ctx.run, system=system, summarize=ModelSummarizer(self.config, ctx.run))
         self._estimated = context.tokens
         return context.messages
 
