@@ -302,6 +302,7 @@ def _drive(tc: TurnContext, planner) -> None:
             break
         run.tokens_in += turn.tokens_in  # saved with the run when it closes
         run.tokens_out += turn.tokens_out
+        run.budget_tokens += turn.budget_tokens()  # what token_budget counts (agent.breakers)
         tc.breakers.turns += 1
         if not turn.calls:
             tc.new_step(kind="text", turn=tc.turn_index, text=redact(turn.text)[:8000], outcome="text", tokens=turn.tokens_out)

@@ -44,6 +44,7 @@ def _charge(run, reply) -> None:
         return
     run.tokens_in += reply.tokens_in
     run.tokens_out += reply.tokens_out
+    run.budget_tokens += reply.tokens_in + reply.tokens_out  # a side call's prompt is all new
     run.cost_usd += reply.cost
 
 
@@ -148,7 +149,7 @@ def consolidate_by_model(config: ModelConfig, run=None) -> list:
         return consolidate()
     _charge(run, reply)
     if run is not None:
-        run.save(update_fields=["tokens_in", "tokens_out", "cost_usd"])
+        run.save(update_fields=["tokens_in", "tokens_out", "budget_tokens", "cost_usd"])
     try:
         facts = parse_facts(reply.message.get("content") if isinstance(reply.message.get("content"), str) else "")
     except ValueError as exc:
