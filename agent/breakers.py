@@ -35,7 +35,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from agent.models import Run, Step
-from agent.tools import TOOLS, canonical_json
+from agent.tool_specs import TOOLS, canonical_json
 from fleet.clock import clock
 
 RAN = {"executed", "approved_executed", "error"}

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from agent.chat_answer import RAILS_HEAD
 from agent.models import Run, SessionState, Step
 from agent.planners.base import without_verdicts
-from agent.tools import canonical_json
+from agent.tool_specs import canonical_json
 from agent.untrusted import as_data
 
 #: conservative characters per token for the estimate (English and JSON run 3.5–4.5 on common

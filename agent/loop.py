@@ -101,7 +101,7 @@ class TurnContext:
         return list(self.run.steps.filter(kind="call").order_by("seq"))
 
     def after_error(self, step: Step) -> Halt | None:
-        from agent.tools import TOOLS
+        from agent.tool_specs import TOOLS
 
         self.breakers.record_call(step)
         spec = TOOLS.get(step.tool)
