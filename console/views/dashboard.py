@@ -135,7 +135,7 @@ def chat_context() -> dict:
     for item in shown.values():
         item["calls"], item["trace"], item["turns"] = [], [], -1
     for s in (Step.objects.filter(run_id__in=list(shown), kind__in=["call", "text"]).exclude(actor="system")
-              .only("run_id", "seq", "turn", "kind", "tool", "args", "outcome", "reason_code", "detail", "text")
+              .only("run_id", "seq", "turn", "kind", "actor", "tool", "args", "outcome", "reason_code", "detail", "text")
               .order_by("run_id", "seq")):
         item = shown[s.run_id]
         if s.turn is not None:
