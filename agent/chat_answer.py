@@ -194,9 +194,17 @@ def rails_note(steps) -> str:
     return (RAILS_HEAD + "\n" + "\n".join(lines)) if lines else ""
 
 
+def model_words(answer: str) -> str:
+    """``answer`` without the runtime's note (:func:`rails_note`): what the model itself wrote."""
+    text = answer or ""
+    if text.startswith(RAILS_HEAD):  # the note alone (a parked run the model had not answered yet)
+        return ""
+    return text.split("\n\n" + RAILS_HEAD)[0]
+
+
 def with_rails_note(answer: str, steps) -> str:
     """``answer`` followed by :func:`rails_note` of ``steps`` (a previous note replaced, not repeated)."""
-    answer = (answer or "").split("\n\n" + RAILS_HEAD)[0]
+    answer = model_words(answer)
     note = rails_note(steps)
     if not note:
         return answer

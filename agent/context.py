@@ -37,7 +37,7 @@ import json
 import math
 from dataclasses import dataclass, field
 
-from agent.chat_answer import RAILS_HEAD
+from agent.chat_answer import model_words
 from agent.models import Run, SessionState, Step
 from agent.planners.base import without_verdicts
 from agent.tool_specs import canonical_json
@@ -401,7 +401,7 @@ def _newest_steps(order: list[int], answers: dict[int, str]):
         size *= 2
         # the model's words only: the runtime's note on refused/parked calls (agent.chat_answer)
         # follows them in the stored answer, and the tool results already say the same
-        answers.update((pk, text.split("\n\n" + RAILS_HEAD)[0]) for pk, text in
+        answers.update((pk, model_words(text)) for pk, text in
                        Run.objects.filter(pk__in=chunk).exclude(final_answer="").values_list("pk", "final_answer"))
         rows = list(Step.objects.filter(run_id__in=chunk, kind__in=["message", "observe", "text", "call"])
                     .values(*_STEP_FIELDS))

@@ -52,6 +52,14 @@ def test_the_filter_shows_exactly_the_text_outside_verdict_blocks_however_it_is_
     assert "".join(shown) == without_verdicts(text)
 
 
+def test_the_models_words_are_told_apart_from_the_runtimes_note():
+    from agent.chat_answer import model_words
+
+    assert model_words(f"Stopped.\n\n{RAILS_HEAD}\n- stop_instance v-5 was refused") == "Stopped."
+    assert model_words(f"{RAILS_HEAD}\n- stop_instance v-5 was not run") == ""
+    assert model_words("no note here") == "no note here"
+
+
 def test_an_unclosed_verdict_is_never_shown():
     f = VerdictFilter()
     assert f.feed("done. <verd") == "done. "
@@ -120,7 +128,7 @@ def test_a_refused_or_parked_instruction_is_explained_from_the_runtimes_record(m
     from agent.loop import run_cycle
 
     responses = [_completion("Stopping v-5 as you asked.", calls=[("stop_instance", {"instance_id": "v-5", "reason": "operator asked"})]),
-                 _completion('Done: I asked to stop v-5. <verdict>{"action": true, "state_changed": false}</verdict>')]
+                 _completion('I asked to stop v-5. <verdict>{"action": false, "state_changed": false}</verdict>')]
     with StandIn(responses) as standin, scenario_world([entry("v-5"), entry("v-6")], IDLE):
         model_at(standin)
         run = run_cycle("chat", message="stop v-5", actor="user:alice")
@@ -134,6 +142,7 @@ def test_a_refused_or_parked_instruction_is_explained_from_the_runtimes_record(m
     assert "stop_instance v-5" in note and call.detail in note  # the runtime's words, not the model's
     if call.outcome == "refused":
         assert call.reason_code in note
+    assert run.entailment_flags == []  # the runtime's note is not a claim of the model's to check
     # the model sees its own words in the next prompt, not the note
     from agent.context import build_context
 
@@ -174,3 +183,23 @@ def test_the_socket_forwards_stream_frames_as_chat_frames(alice, memory_layer): 
         return got
 
     assert async_to_sync(scenario)() == {"chat": {"run": 4, "turn": 0, "text": "hel", "tools": []}}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_parked_instruction_says_which_approval_it_waits_for(model_at, frames):
+    from agent.loop import run_cycle
+    from agent.models import Approval
+
+    busy = {**IDLE, "active": True, "queued": 12, "running": 2}
+    launch = {"gpu_name": "RTX 4090", "launch_priority": "P1", "reason": "the operator asked for one more"}
+    with StandIn([_completion("Launching one more.", calls=[("launch_instance", launch)])]) as standin, \
+            scenario_world([entry("v-5"), entry("v-6")], busy):
+        model_at(standin)
+        run = run_cycle("chat", message="launch one more worker", actor="user:alice")
+    run.refresh_from_db()
+    approval = Approval.objects.get(run=run)
+    assert run.status == "parked" and len(standin.requests) == 1  # the model is not asked again while it waits
+    head, _, note = run.final_answer.partition(RAILS_HEAD)
+    assert head == "" and f"launch_instance was not run: it needs an operator's approval — waiting for an operator " \
+                          f"(approval {approval.pk}, expires in 30 min)" in note
+    assert run.entailment_flags == []  # "30" and the approval id are the runtime's words, not claims to check
