@@ -41,7 +41,7 @@ class TestChatStreamsInABrowser(FleetBrowserTestCase):
         responses = [_completion("Let me read the demand first.", calls=[("get_demand", "{}")]),
                      _completion(ANSWER + ' <verdict>{"action": false, "state_changed": false}</verdict>')]
         frames: list[str] = []
-        with StandIn(responses, chunk_delay_s=0.05) as standin:
+        with StandIn(responses, chunk_delay_s=0.03) as standin:
             self.worker_env = {"WARDEN_MODEL_BASE_URL": standin.base_url, "WARDEN_MODEL": "standin"}
             self.start_celery_worker()
             with sync_playwright() as pw:
@@ -76,5 +76,7 @@ class TestChatStreamsInABrowser(FleetBrowserTestCase):
         text = "".join(f["text"] for f in chat if f["turn"] == 1)
         assert text.strip() == ANSWER
         chunks = len(ANSWER) // 8  # the stand-in streams 8 characters a chunk
-        assert 3 <= len([f for f in chat if f["turn"] == 1]) < chunks / 2, len(chat)  # coalesced, not per token
+        # coalesced: about one frame per 100 ms while a chunk comes every 30 ms (tests/test_chat_stream.py checks
+        # the count exactly on a fake clock; here a loaded machine may stretch the pace)
+        assert 3 <= len([f for f in chat if f["turn"] == 1]) < chunks * 0.75, len(chat)
         assert [t for f in chat for t in f["tools"]] == ["get_demand"]
