@@ -226,7 +226,8 @@ def do_reset_session(actor: str, reason: str = "") -> SessionState:
 
     The anchor keeps the run-id sequence, the objectives, the target, the overrides and the fleet
     snapshot; long-term memory stays (seed 002: run ids must not restart after a reset). The
-    browser asks for confirmation first (``hx-confirm`` on the button).
+    console asks first, server-side (``console.views.settings.reset_session``: a confirmation step
+    that says what is kept and cleared, and works without JavaScript).
     """
     from agent.memory import flush_buffer
 

@@ -13,7 +13,19 @@ three-strikes rule):
 - ``text_only_spiral``: N consecutive text-only turns;
 - ``forbidden_tool``: a known tool whose policy is ``forbidden``;
 - ``forged_observation``: the planner tried to author a tool result;
-- ``wall_clock`` / ``token_budget``: the run's time (on ``fleet.clock``) or tokens ran out;
+- ``wall_clock``: the run's time (on ``fleet.clock``) ran out;
+- ``token_budget``: the tokens the run *added* passed ``token_budget`` (60,000 by default).
+  Counting every turn's whole prompt would count the same history again each turn, so a real
+  model run with a 20,000-token context would halt on its third turn. The count is
+  ``Run.budget_tokens``: the first request's prompt in full, then for each later request of the
+  run only the messages that were not in the previous request (tool results, observations, the
+  model's last message, a changed summary: the planner's estimate, calibrated from the API's
+  usage, never more than the reported prompt), plus every completion, plus the model's side calls
+  (running summary, memory consolidation) in full. A runaway still stops: every turn adds at least
+  its completion and its calls' results, which the count never forgets even when the context
+  drops them to fit its own budget. A resumed run's first request counts in full again (the
+  planner does not know what was sent before the park). Tokens and cost shown on the runs list
+  are the API's whole usage (``Run.tokens_in/out``, ``Run.cost_usd``).
 - ``three_strikes``: a tool failed three times in this run and has no fallback.
 
 The state is rebuilt from the run's persisted steps, so a resumed run keeps its counts.
@@ -23,7 +35,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from agent.models import Run, Step
-from agent.tools import TOOLS, canonical_json
+from agent.tool_specs import TOOLS, canonical_json
 from fleet.clock import clock
 
 RAN = {"executed", "approved_executed", "error"}
@@ -55,7 +67,7 @@ class BreakerState:
     @classmethod
     def load(cls, run: Run, limits) -> "BreakerState":
         """Rebuild from ``run``'s steps; the wall clock starts now (active time only)."""
-        st = cls(limits=limits, started=clock.monotonic(), tokens=run.tokens_in + run.tokens_out)
+        st = cls(limits=limits, started=clock.monotonic(), tokens=run.budget_tokens)
         turns = set()
         for s in run.steps.filter(kind__in=["call", "text"], actor="agent").order_by("seq"):
             if s.turn is not None:
@@ -100,9 +112,10 @@ class BreakerState:
         elapsed = clock.monotonic() - self.started
         if elapsed > lim.wall_clock_s:
             return Halt("wall_clock", f"the run ran {elapsed:.0f}s; the budget is {lim.wall_clock_s}s")
-        used = run.tokens_in + run.tokens_out
+        used = run.budget_tokens
         if used > lim.token_budget:
-            return Halt("token_budget", f"the run used {used} tokens; the budget is {lim.token_budget}")
+            return Halt("token_budget", f"the run added {used} tokens (new prompt tokens and completions); "
+                                        f"the budget is {lim.token_budget}")
         return None
 
     def identical(self, tool: str, args: dict, turn: int) -> Halt | None:

@@ -166,3 +166,46 @@ def state_answer(ctx) -> str:
     lines += cycle_lines(ctx.call_steps())
     lines.append(approvals_line(ctx.run))
     return "\n".join(lines)
+
+
+#: how the runtime's own lines in a model's chat answer begin (never the model's wording)
+RAILS_HEAD = "From the runtime's record of this run:"
+
+
+def rails_note(steps) -> str:
+    """What the rails did with the run's calls, in the runtime's words, for a model's chat answer.
+
+    ``steps``: the run's ``agent.models.Step`` rows in order. One line per call that was refused or
+    halted (reason code and detail), parked for approval (the approval and its expiry, from the
+    step's detail), rejected or left to expire — issue 7 §2: when the rails refuse or park an
+    instruction, the answer says so and why, whatever the model wrote. Returns "" when every call
+    ran (or none was made).
+    """
+    lines = []
+    for s in steps:
+        if s.kind != "call":
+            continue
+        if s.outcome in ("refused", "halted"):
+            lines.append(f"- {_call(s)} was {s.outcome} by the rails ({s.reason_code}): {s.detail}")
+        elif s.outcome == "parked":
+            lines.append(f"- {_call(s)} was not run: it needs an operator's approval — {s.detail}")
+        elif s.outcome in ("rejected", "expired"):
+            lines.append(f"- {_call(s)} was not run: {s.detail or s.outcome}")
+    return (RAILS_HEAD + "\n" + "\n".join(lines)) if lines else ""
+
+
+def model_words(answer: str) -> str:
+    """``answer`` without the runtime's note (:func:`rails_note`): what the model itself wrote."""
+    text = answer or ""
+    if text.startswith(RAILS_HEAD):  # the note alone (a parked run the model had not answered yet)
+        return ""
+    return text.split("\n\n" + RAILS_HEAD)[0]
+
+
+def with_rails_note(answer: str, steps) -> str:
+    """``answer`` followed by :func:`rails_note` of ``steps`` (a previous note replaced, not repeated)."""
+    answer = model_words(answer)
+    note = rails_note(steps)
+    if not note:
+        return answer
+    return f"{answer}\n\n{note}" if answer.strip() else note

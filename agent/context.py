@@ -37,9 +37,10 @@ import json
 import math
 from dataclasses import dataclass, field
 
+from agent.chat_answer import model_words
 from agent.models import Run, SessionState, Step
 from agent.planners.base import without_verdicts
-from agent.tools import canonical_json
+from agent.tool_specs import canonical_json
 from agent.untrusted import as_data
 
 #: conservative characters per token for the estimate (English and JSON run 3.5–4.5 on common
@@ -398,7 +399,10 @@ def _newest_steps(order: list[int], answers: dict[int, str]):
         chunk = order[i:i + size]
         i += size
         size *= 2
-        answers.update(Run.objects.filter(pk__in=chunk).exclude(final_answer="").values_list("pk", "final_answer"))
+        # the model's words only: the runtime's note on refused/parked calls (agent.chat_answer)
+        # follows them in the stored answer, and the tool results already say the same
+        answers.update((pk, model_words(text)) for pk, text in
+                       Run.objects.filter(pk__in=chunk).exclude(final_answer="").values_list("pk", "final_answer"))
         rows = list(Step.objects.filter(run_id__in=chunk, kind__in=["message", "observe", "text", "call"])
                     .values(*_STEP_FIELDS))
         rank = {pk: n for n, pk in enumerate(chunk)}

@@ -42,7 +42,7 @@ from django.db.models import Max
 from agent.lifecycle import is_terminal, recent_rejection, starving, worker_live
 from agent.models import Approval, SideEffect
 from agent.policy import PRIORITIES
-from agent.tools import canonical_json
+from agent.tool_specs import TOOLS, canonical_json
 from fleet.clock import clock
 from fleet.models import PENDING_STATUSES
 from fleet.providers import ProviderError, get_provider
@@ -90,8 +90,6 @@ def duplicate(tool: str, args: dict, key: str, *, batch_prior: list[tuple[str, d
     the same action is earlier in this batch, or it already waits for approval (arguments as in
     :func:`check`). The first guard of :func:`check`; the pipeline also asks it alone for a
     batch refused whole (``batch_too_large`` comes after ``duplicate`` in SCENARIOS.md's order)."""
-    from agent.tools import TOOLS
-
     spec = TOOLS[tool]
     if not spec.side_effect:
         return None
@@ -123,8 +121,6 @@ def check(tool: str, args: dict, key: str, world, *, batch_prior: list[tuple[str
     ``rate_limited``). Raises nothing for bad ids: an instance we never had is left to the tool
     (it errors ``not_found``).
     """
-    from agent.tools import TOOLS
-
     spec = TOOLS[tool]
     lim = world.limits
     now = clock.now()

@@ -101,7 +101,7 @@ class TurnContext:
         return list(self.run.steps.filter(kind="call").order_by("seq"))
 
     def after_error(self, step: Step) -> Halt | None:
-        from agent.tools import TOOLS
+        from agent.tool_specs import TOOLS
 
         self.breakers.record_call(step)
         spec = TOOLS.get(step.tool)
@@ -121,15 +121,20 @@ def _context(run: Run, world: World, limits, state: SessionState) -> TurnContext
     return tc
 
 
-def default_planner():
+def default_planner(run: Run | None = None):
     """The configured planner: ``llm`` when a model is configured (WARDEN_MODEL_BASE_URL and
-    WARDEN_MODEL), else the built-in ``rules`` policy. The one place the choice is made."""
+    WARDEN_MODEL), else the built-in ``rules`` policy. The one place the choice is made. For a
+    ``chat`` run the model's answer streams to the console (``agent.chat_stream``)."""
     from agent.model_client import ModelConfig
 
     config = ModelConfig.from_settings()
     if config is not None:
         from agent.planners.llm import LlmPlanner
 
+        if run is not None and run.trigger == "chat":
+            from agent.chat_stream import ChatStream
+
+            return LlmPlanner(config, on_delta=ChatStream(run.number))
         return LlmPlanner(config)
     from agent.planners.rules import RulesPlanner
 
@@ -163,7 +168,7 @@ def run_cycle(trigger: str, *, message: str | None = None, actor: str = "system"
         tc.new_step(kind="observe", actor="system", text="observation", observation=redact(_json(world.summary())))
         _run_monitor(tc)
         void_gone_approvals()  # what the monitor destroyed voids the approvals waiting on it
-        _drive(tc, planner or default_planner())
+        _drive(tc, planner or default_planner(run))
         return run
     except Exception as exc:
         if "run" in locals():
@@ -228,7 +233,7 @@ def resume_run(run: Run, *, planner=None) -> Run:
         run.save(update_fields=["status"])
         emit("runs-changed", "approvals-changed")
         tc.turn_index = tc.breakers.turns
-        _drive(tc, planner or default_planner())
+        _drive(tc, planner or default_planner(run))
         return run
     except Exception as exc:
         _fail(run, exc)
@@ -281,6 +286,7 @@ def _drive(tc: TurnContext, planner) -> None:
     from agent.pipeline import process_turn
 
     run = tc.run
+    run.planner = getattr(planner, "name", run.planner)  # the planner that plans it (saved at close)
     halt = None
     while True:
         halt = tc.breakers.before_turn(run)
@@ -296,6 +302,7 @@ def _drive(tc: TurnContext, planner) -> None:
             break
         run.tokens_in += turn.tokens_in  # saved with the run when it closes
         run.tokens_out += turn.tokens_out
+        run.budget_tokens += turn.budget_tokens()  # what token_budget counts (agent.breakers)
         tc.breakers.turns += 1
         if not turn.calls:
             tc.new_step(kind="text", turn=tc.turn_index, text=redact(turn.text)[:8000], outcome="text", tokens=turn.tokens_out)
@@ -338,6 +345,11 @@ def _drive(tc: TurnContext, planner) -> None:
         # parked or halted before its final turn: the operator still gets an answer in words
         # (the verdict stays unknown; a resumed run's final turn replaces this answer)
         run.final_answer = redact(planner.chat_answer(tc))[:8000]
+    if run.trigger == "chat" and planner.name == "llm" and getattr(planner, "fallback", None) is None:
+        # what the rails refused or parked is said in the runtime's words, not left to the model's
+        from agent.chat_answer import with_rails_note
+
+        run.final_answer = with_rails_note(run.final_answer, tc.call_steps())[-8000:]
     if halt is not None:
         run.status = "halted"
         run.halt_reason, run.halt_detail = halt.code, redact(halt.detail)

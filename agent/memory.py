@@ -10,8 +10,10 @@ Three layers, one file:
   :data:`BUFFER_SIZE` messages; a message evicted with importance above :data:`PROMOTE_ABOVE`
   is promoted to a long-term memory.
 
-Every :data:`CONSOLIDATE_EVERY`-th run, :func:`consolidate` extracts rule-made facts without a
-model: host faults from diagnoses (``incident``) and operator rejections (``rule_learned``).
+Every :data:`CONSOLIDATE_EVERY`-th run, facts are consolidated: by the model when one is configured
+(``agent.model_digest.consolidate_by_model``), else — and when the model fails — :func:`consolidate`
+extracts rule-made facts: host faults from diagnoses (``incident``) and operator rejections
+(``rule_learned``).
 :func:`recall` ranks by PostgreSQL full-text search (``SearchVector``/``SearchRank``) × score;
 on SQLite by the share of query words found × score. Text is redacted (``fleet.secrets.redact``)
 before it is stored. Operators change facts through :func:`do_update_fact` / :func:`do_delete_fact`
@@ -237,7 +239,8 @@ def consolidate() -> list[MemoryFact]:
 
 def after_run(run) -> list[MemoryFact]:
     """Called when a run closes: buffers its operator messages and final answer (once per run), and on every
-    :data:`CONSOLIDATE_EVERY`-th run number consolidates. Returns the facts made or promoted."""
+    :data:`CONSOLIDATE_EVERY`-th run number consolidates (by the model when one is configured).
+    Returns the facts made or promoted."""
     made = []
     if not ShortTermMessage.objects.filter(run_number=run.number).exists():  # a run closes once in the buffer
         for s in run.steps.filter(kind="message").exclude(actor="system"):
@@ -245,7 +248,15 @@ def after_run(run) -> list[MemoryFact]:
         if run.final_answer:
             made += buffer_message(run.final_answer, "agent", run_number=run.number)
     if run.number % CONSOLIDATE_EVERY == 0:
-        made += consolidate()
+        from agent.model_client import ModelConfig
+
+        config = ModelConfig.from_settings()
+        if config is None:
+            made += consolidate()
+        else:  # the model extracts the facts (rule-made ones when it cannot: agent.model_digest)
+            from agent.model_digest import consolidate_by_model
+
+            made += consolidate_by_model(config, run)
     return made
 
 

@@ -51,9 +51,11 @@ def sse_chunks(body: dict) -> list[dict]:
 
 class StandIn:
     """The server. ``start()`` returns ``self``; ``base_url`` ends in ``/v1``; ``stop()`` frees
-    held connections and the port. Usable as a context manager."""
+    held connections and the port. Usable as a context manager. ``chunk_delay_s``: seconds slept
+    between streamed chunks (a model that writes at a human-visible pace; 0 by default)."""
 
-    def __init__(self, responses: list):
+    def __init__(self, responses: list, *, chunk_delay_s: float = 0.0):
+        self.chunk_delay_s = chunk_delay_s
         self.responses = list(responses)
         self.requests: list[dict] = []
         self.headers: list[dict] = []
@@ -148,6 +150,8 @@ class StandIn:
                     for chunk in sse_chunks(payload):
                         self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
                         self.wfile.flush()
+                        if standin.chunk_delay_s:
+                            standin._stopping.wait(standin.chunk_delay_s)
                     self.wfile.write(b"data: [DONE]\n\n")
                     self.wfile.flush()
                     self.close_connection = True

@@ -57,6 +57,8 @@ class Run(models.Model):
     verdict_state_changed = models.BooleanField(null=True)
     tokens_in = models.PositiveIntegerField(default=0)
     tokens_out = models.PositiveIntegerField(default=0)
+    # the tokens the ``token_budget`` breaker counts: what the run added (agent.breakers)
+    budget_tokens = models.PositiveIntegerField(default=0)
     # dollars the run's model calls cost (ModelCall.cost_usd summed; WARDEN_MODEL_PRICE_IN/_OUT)
     cost_usd = models.FloatField(default=0.0)
     included_in_prompt = models.BooleanField(default=True)

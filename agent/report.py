@@ -72,8 +72,11 @@ def _observed(run: Run) -> dict:
 
 
 def entailment_flags(run: Run) -> list[str]:
-    """Ids and numbers in ``run.final_answer`` that no observation of the run contains."""
-    answer = without_verdicts(run.final_answer)
+    """Ids and numbers in ``run.final_answer`` that no observation of the run contains (the model's
+    words only: the runtime's own note on refused and parked calls is not a claim to check)."""
+    from agent.chat_answer import model_words
+
+    answer = without_verdicts(model_words(run.final_answer))
     if not answer:
         return []
     corpus = " ".join(run.steps.exclude(observation="").values_list("observation", flat=True))

@@ -1,4 +1,5 @@
-"""The agent's tools: names, argument schemas, side-effect flags, timeouts and bodies.
+"""The agent's tools: their bodies, bound to the specs of ``agent.tool_specs`` (names, argument
+schemas, side-effect flags, timeouts), which this module re-exports.
 
 Names and argument shapes are a contract (``../shared/SCENARIOS.md`` "Tools"). A tool body
 returns a JSON-shaped payload; the runtime (``agent.pipeline``) turns it into the observation —
@@ -7,13 +8,25 @@ the planner never authors a tool result. A body raises :class:`ToolError` (or
 boundary and becomes an error observation.
 """
 
-import json
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass, replace
 
-from pydantic import BaseModel, ConfigDict, Field
-
+from agent.tool_specs import (  # noqa: F401 — re-exported: the registry and the argument models
+    PUBLIC_TOOLS,
+    TOOLS,
+    EscalateArgs,
+    InstanceActionArgs,
+    InstanceArgs,
+    LaunchArgs,
+    ListInstancesArgs,
+    NoArgs,
+    RecallArgs,
+    RememberArgs,
+    SearchOffersArgs,
+    Tool,
+    _Args,
+    canonical_args,
+    canonical_json,
+)
 from fleet.clock import clock
 from fleet.models import Instance
 
@@ -25,57 +38,6 @@ class ToolError(Exception):
         super().__init__(message)
         self.kind = kind
         self.code = code
-
-
-class _Args(BaseModel):
-    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True, strict=True)
-
-
-class ListInstancesArgs(_Args):
-    status: str | None = None
-
-
-class NoArgs(_Args):
-    pass
-
-
-class SearchOffersArgs(_Args):
-    gpu_name: str | None = None
-    max_dph: float | None = Field(default=None, ge=0)
-    limit: int | None = Field(default=None, ge=1, le=100)
-
-
-class InstanceArgs(_Args):
-    instance_id: str = Field(min_length=1, max_length=64)
-
-
-class InstanceActionArgs(InstanceArgs):
-    reason: str = Field(min_length=1, max_length=2000)
-
-
-class LaunchArgs(_Args):
-    gpu_name: str | None = None
-    offer_id: str | None = None
-    # any string passes the schema; the guard refuses a missing/invalid one (priority_required)
-    launch_priority: str | None = None
-    reason: str = Field(min_length=1, max_length=2000)
-
-
-class RememberArgs(_Args):
-    category: str = Field(min_length=1, max_length=40)
-    key: str = Field(min_length=1, max_length=200)
-    value: str = Field(min_length=1, max_length=4000)
-    importance: float | None = Field(default=None, ge=0, le=1)
-
-
-class RecallArgs(_Args):
-    query: str = Field(max_length=200)
-    category: str | None = None
-
-
-class EscalateArgs(_Args):
-    severity: Literal["P0", "P1", "P2", "P3"]
-    message: str = Field(min_length=1, max_length=4000)
 
 
 @dataclass
@@ -96,38 +58,6 @@ class ToolContext:
 
     def remaining(self) -> float:
         return self.deadline - clock.monotonic()
-
-
-@dataclass
-class Tool:
-    """One tool: ``side_effect`` tools get an idempotency key, guards, and policy checks.
-
-    ``instance_arg`` names the argument holding an instance id (for in-flight and guards).
-    ``fallback`` names a tool run in place of this one after three failures (three_strikes).
-    """
-
-    name: str
-    schema: type[_Args]
-    body: Callable[[ToolContext, dict], object]
-    side_effect: bool = False
-    timeout_s: float | None = None
-    instance_arg: str | None = None
-    fallback: str | None = None
-    changes_world: bool = False
-    extra: dict = field(default_factory=dict)
-
-
-def canonical_args(args: dict | None) -> dict | None:
-    """The call's canonical arguments: ``reason`` removed, nulls dropped (key order is ignored by
-    :func:`canonical_json`). ``None`` stays ``None`` (unparsable)."""
-    if args is None:
-        return None
-    return {k: v for k, v in args.items() if k != "reason" and v is not None}
-
-
-def canonical_json(args: dict | None) -> str:
-    """Stable JSON of the canonical arguments (sorted keys), for comparing calls."""
-    return json.dumps(canonical_args(args), sort_keys=True, separators=(",", ":"), default=str)
 
 
 # --------------------------------------------------------------------------------------------
@@ -267,25 +197,21 @@ def escalate_human(ctx: ToolContext, args: dict) -> dict:
     return out
 
 
-TOOLS: dict[str, Tool] = {
-    t.name: t
-    for t in [
-        Tool("list_instances", ListInstancesArgs, list_instances, fallback="list_instances_fallback"),
-        Tool("list_instances_fallback", ListInstancesArgs, list_instances_fallback, extra={"internal": True}),
-        Tool("get_demand", NoArgs, get_demand),
-        Tool("search_offers", SearchOffersArgs, search_offers),
-        Tool("diagnose_instance", InstanceArgs, diagnose_instance, instance_arg="instance_id", timeout_s=60, changes_world=True),
-        Tool("launch_instance", LaunchArgs, launch_instance, side_effect=True, timeout_s=120),
-        Tool("stop_instance", InstanceActionArgs, _lifecycle("stop"), side_effect=True, instance_arg="instance_id", timeout_s=60),
-        Tool("resume_instance", InstanceActionArgs, _lifecycle("resume"), side_effect=True, instance_arg="instance_id", timeout_s=60),
-        Tool("reboot_instance", InstanceActionArgs, _lifecycle("reboot"), side_effect=True, instance_arg="instance_id", timeout_s=60),
-        Tool("destroy_instance", InstanceActionArgs, _lifecycle("destroy"), side_effect=True, instance_arg="instance_id", timeout_s=60),
-        Tool("remember", RememberArgs, remember),
-        Tool("recall", RecallArgs, recall),
-        Tool("escalate_human", EscalateArgs, escalate_human),
-    ]
+_BODIES = {
+    "list_instances": list_instances,
+    "list_instances_fallback": list_instances_fallback,
+    "get_demand": get_demand,
+    "search_offers": search_offers,
+    "diagnose_instance": diagnose_instance,
+    "launch_instance": launch_instance,
+    "stop_instance": _lifecycle("stop"),
+    "resume_instance": _lifecycle("resume"),
+    "reboot_instance": _lifecycle("reboot"),
+    "destroy_instance": _lifecycle("destroy"),
+    "remember": remember,
+    "recall": recall,
+    "escalate_human": escalate_human,
 }
-
-#: tools a planner may call (internal fallbacks are not)
-PUBLIC_TOOLS = sorted(name for name, t in TOOLS.items() if not t.extra.get("internal"))
-
+# the implementations go into the one registry (agent.tool_specs.TOOLS), in place
+for _name, _body in _BODIES.items():
+    TOOLS[_name] = replace(TOOLS[_name], body=_body)

@@ -9,7 +9,8 @@ class ConsoleConfig(AppConfig):
         from django.contrib.auth.signals import user_logged_out
 
         from console import broadcast
-        from fleet.events import changed
+        from fleet.events import changed, streamed
 
         changed.connect(broadcast.on_changed, dispatch_uid="console.broadcast")
+        streamed.connect(broadcast.on_streamed, dispatch_uid="console.chat_stream")
         user_logged_out.connect(broadcast.on_logged_out, dispatch_uid="console.logout")

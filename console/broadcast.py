@@ -34,6 +34,19 @@ def on_changed(sender, topics=(), **kwargs) -> None:
     send_topics(list(topics))
 
 
+def on_streamed(sender, frame=None, **kwargs) -> None:
+    """Receiver for :data:`fleet.events.streamed`: one chat stream frame (``agent.chat_stream``) to
+    the console group as ``{"type": "console.chat", "frame": {...}}``. A failing layer is logged:
+    the chat region's next re-fetch shows what the run stored."""
+    layer = get_channel_layer()
+    if layer is None or not frame:
+        return
+    try:
+        async_to_sync(layer.group_send)(GROUP, {"type": "console.chat", "frame": frame})
+    except Exception as exc:
+        log.warning("chat stream frame for run %s not sent: %s", frame.get("run"), exc)
+
+
 def send_to_user(user_id: int, event: dict) -> bool:
     """Send a layer ``event`` to one user's open sockets (``console.force_close`` closes them,
     ``console.set_role`` changes the topics they get). Returns False (and logs) when the layer fails."""

@@ -2,8 +2,10 @@
 
 Protocol (server → browser only): one JSON text frame per topic, ``{"trigger": "<topic>"}``
 (topics: ``fleet.events`` docstring). The browser re-fetches the regions that listen for the topic
-over plain HTTP, so the socket never carries data or side effects; anything the browser sends is
-ignored. A socket gets only the topics of pages its user's role may see (:data:`ROLE_TOPICS`; the
+over plain HTTP. The one exception is the chat answer as it streams: ``{"chat": {"run", "turn",
+"text", "tools"}}`` frames (``agent.chat_stream``), a few per second, sent to sockets that get
+``chat-changed``; the chat region's re-fetch replaces them with what the run stored. The socket
+never carries side effects; anything the browser sends is ignored. A socket gets only the topics of pages its user's role may see (:data:`ROLE_TOPICS`; the
 role is read at connect and updated by ``console.set_role`` when a superuser changes it); a topic
 not in the table is never sent. An anonymous socket is accepted then closed with code 4401, which htmx 2 does not retry
 (a pre-accept rejection becomes close 1006 in the browser, which it retries forever).
@@ -66,6 +68,12 @@ class ConsoleConsumer(AsyncWebsocketConsumer):
         for topic in event.get("topics", []):
             if topic in self.topics:
                 await self.send(text_data=json.dumps({"trigger": topic}))
+
+    async def console_chat(self, event: dict) -> None:
+        """Layer event ``{"type": "console.chat", "frame": {...}}``: one ``{"chat": frame}`` frame
+        to sockets whose role sees the chat."""
+        if "chat-changed" in self.topics:
+            await self.send(text_data=json.dumps({"chat": event.get("frame") or {}}))
 
     async def console_set_role(self, event: dict) -> None:
         """Layer event ``{"type": "console.set_role", "role": str}``: this user's role changed."""

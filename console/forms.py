@@ -157,9 +157,14 @@ class ObserveOnlyForm(forms.Form):
 
 
 class ResetForm(forms.Form):
-    """Reset session: a new conversation epoch (runs stay visible, the anchor keeps counting)."""
+    """Reset session: a new conversation epoch (runs stay visible, the anchor keeps counting).
+    Without ``confirm=yes`` the view only asks (the confirmation step, no JavaScript needed)."""
 
     reason = forms.CharField(required=False, max_length=CAPS["reason"], strip=True, error_messages=too_long("reason"))
+    confirm = forms.CharField(required=False, max_length=8)
+
+    def confirmed(self) -> bool:
+        return self.cleaned_data.get("confirm") == "yes"
 
 
 POLICY_CHOICES = [("auto", "auto"), ("approval", "approval"), ("forbidden", "forbidden")]

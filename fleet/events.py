@@ -3,7 +3,8 @@
 ``emit("fleet-changed", "runs-changed")`` schedules one ``changed`` signal per commit; the
 console (``console.broadcast``) listens and pushes the topic names to every open console over
 the websocket, where each region re-fetches its own partial. Lower layers never import the
-console (dependency direction console → agent → fleet).
+console (dependency direction console → agent → fleet). :func:`stream` hands the chat answer's
+streamed frames to the console the same way, at once.
 
 Topics: fleet-changed, demand-changed, runs-changed, chat-changed, approvals-changed,
 alerts-changed, actions-changed, settings-changed, users-changed (superusers' sockets only:
@@ -21,3 +22,13 @@ def emit(*topics: str) -> None:
     """Announce ``topics`` once the current transaction commits (at once outside one)."""
     topics = tuple(dict.fromkeys(topics))
     transaction.on_commit(lambda: changed.send(sender=None, topics=list(topics)))
+
+
+#: sent with ``frame={...}`` at once (``agent.chat_stream``: the chat answer as it streams)
+streamed = Signal()
+
+
+def stream(frame: dict) -> None:
+    """Hand one chat stream frame (``agent.chat_stream.ChatStream``) to the console now: frames are
+    not database state, so they do not wait for a commit."""
+    streamed.send(sender=None, frame=frame)

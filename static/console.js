@@ -13,6 +13,58 @@
     var msg;
     try { msg = JSON.parse(evt.detail.message); } catch (e) { return; }
     if (msg && msg.trigger) htmx.trigger(document.body, msg.trigger);
+    if (msg && msg.chat) streamed(msg.chat);
+  });
+
+  // The chat answer as it streams: {"chat": {run, turn, text, tools}} frames (agent/chat_stream.py),
+  // gathered per run and turn and shown in the run's live bubble (#chat-live-N) after the turns it
+  // already shows from the database (data-turns). A re-fetch of the chat log redraws them.
+  var streams = {};
+  var asked = {};
+  function streamed(f) {
+    var runs = streams[f.run] = streams[f.run] || {};
+    var t = runs[f.turn] = runs[f.turn] || {text: "", tools: []};
+    t.text += f.text || "";
+    t.tools = t.tools.concat(f.tools || []);
+    if (!drawStream(f.run) && !asked[f.run]) {
+      asked[f.run] = true; // the bubble is not on the page yet: fetch the chat log once
+      htmx.trigger(document.body, "chat-changed");
+    }
+  }
+  function drawStream(run) {
+    var bubble = document.getElementById("chat-live-" + run);
+    if (!bubble) return false;
+    var box = bubble.querySelector(".streaming");
+    var shown = parseInt(bubble.dataset.turns, 10);
+    box.textContent = "";
+    Object.keys(streams[run] || {}).map(Number).sort(function (a, b) { return a - b; }).forEach(function (turn) {
+      if (turn <= shown) return;
+      var t = streams[run][turn];
+      if (t.text) {
+        var p = document.createElement("div");
+        p.className = "text";
+        p.textContent = t.text;
+        box.appendChild(p);
+      }
+      if (t.tools.length) {
+        var ul = document.createElement("ul");
+        ul.className = "chat-calls";
+        t.tools.forEach(function (name) {
+          var li = document.createElement("li");
+          li.className = "chat-call outcome-pending";
+          li.textContent = "⚙ " + name + " → proposed";
+          ul.appendChild(li);
+        });
+        box.appendChild(ul);
+      }
+    });
+    var log = document.getElementById("chat-log");
+    if (log) log.scrollTop = log.scrollHeight;
+    return true;
+  }
+  document.addEventListener("htmx:afterSwap", function (evt) {
+    if (!evt.detail.target || evt.detail.target.id !== "chat-log") return;
+    evt.detail.target.querySelectorAll(".msg-live").forEach(function (b) { drawStream(b.dataset.run); });
   });
   document.addEventListener("htmx:wsConnecting", function () { pill("connecting"); });
   document.addEventListener("htmx:wsOpen", function () { pill("live"); resync(); });

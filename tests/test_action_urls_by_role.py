@@ -39,7 +39,7 @@ def routes(approval_pk: int, alert_pk: int, user_pk: int) -> dict[str, tuple[str
         "api_instance_action": ("/api/instances/v-2/reboot/", {"reason": "x"}, "operator"),
         "settings": ("/settings/", {"reason": "x", "limits__max_dph": "1"}, "operator"),
         "set_observe_only": ("/actions/observe-only/", {"on": "1"}, "operator"),
-        "reset_session": ("/actions/reset/", {}, "operator"),
+        "reset_session": ("/actions/reset/", {"confirm": "yes"}, "operator"),
         "set_target": ("/actions/target/", {"target": "5"}, "operator"),
         "post_message": ("/actions/message/", {"text": "hello"}, "operator"),
         "observe_now": ("/actions/observe/", {}, "operator"),

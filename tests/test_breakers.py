@@ -215,10 +215,11 @@ def test_wall_clock_trips_past_the_budget_on_the_virtual_clock(vclock):
 
 
 def test_token_budget_trips_past_the_budget(vclock):
-    run = new_run(tokens_in=50_000, tokens_out=10_000)
+    # the count is what the run added (Run.budget_tokens), not the API's whole usage
+    run = new_run(tokens_in=500_000, tokens_out=10_000, budget_tokens=60_000)
     st = BreakerState.load(run, limits(token_budget=60_000))
     assert st.before_turn(run) is None  # near miss: exactly at the budget
-    run.tokens_out += 1
+    run.budget_tokens += 1
     assert st.before_turn(run).code == "token_budget"
 
 

@@ -17,10 +17,22 @@ from tests.rails_support import rails_world, verdict
 
 
 @pytest.mark.django_db
-def test_the_button_asks_for_confirmation_first(client, alice):
+@pytest.mark.parametrize("htmx", [True, False], ids=["htmx", "no-javascript"])
+def test_the_server_asks_first_saying_what_it_keeps_and_clears(client, alice, htmx):
     client.force_login(alice)
-    html = client.get("/").content.decode()
-    assert 'hx-confirm="Reset the session? The chat is cleared' in html and 'id="reset-session"' in html
+    assert 'id="reset-session"' in client.get("/").content.decode()
+    resp = client.post("/actions/reset/", {"reason": "new shift"}, headers={"HX-Request": "true"} if htmx else {})
+    html = resp.content.decode()
+    assert resp.status_code == 200 and "Reset the session?" in html
+    assert "<b>Clears:</b> the chat" in html and "<b>Keeps:</b> run numbers (the next run is #1)" in html
+    assert "long-term memory" in html and "waiting approvals" in html
+    # the confirming form: a plain POST (works without JavaScript) with confirm=yes and the reason kept
+    assert 'name="confirm" value="yes"' in html and 'action="/actions/reset/"' in html and 'value="new shift"' in html
+    assert ("<html" in html) is not htmx
+    assert SessionState.get().epoch == 1 and not AuditLog.objects.filter(verb="reset_session").exists()
+    done = client.post("/actions/reset/", {"reason": "new shift", "confirm": "yes"})
+    assert done.status_code == 302 and SessionState.get().epoch == 2
+    assert AuditLog.objects.get(verb="reset_session").reason == "new shift"
 
 
 @pytest.mark.django_db
@@ -40,7 +52,7 @@ def test_reset_clears_the_conversation_and_keeps_the_anchor_and_memory(client, a
         assert any("how many workers" in str(m.get("content")) for m in build_context().messages)
         assert ShortTermMessage.objects.count() >= 2
 
-        resp = client.post("/actions/reset/", {"reason": "new shift"}, headers={"HX-Request": "true"})
+        resp = client.post("/actions/reset/", {"reason": "new shift", "confirm": "yes"}, headers={"HX-Request": "true"})
         assert resp.status_code == 200 and "session reset" in resp.content.decode()
 
         # the conversation is gone: chat, model context, short-term buffer

@@ -27,7 +27,7 @@ def _posts(approval_pk: int, alert_pk: int) -> list[tuple[str, dict]]:
         (f"/alerts/{alert_pk}/ack/", {"comment": "mine"}),
         ("/instances/v-2/act/", {"action": "reboot", "reason": "x"}),
         ("/actions/observe-only/", {"on": "1"}),
-        ("/actions/reset/", {}),
+        ("/actions/reset/", {"confirm": "yes"}),
         ("/settings/", {"reason": "x", "limits__max_dph": "1"}),
         ("/actions/target/", {"target": "5"}),
         ("/actions/observe/", {}),
@@ -85,9 +85,10 @@ def test_anonymous_users_are_sent_to_login(client, world):
 
 def test_reset_session_needs_a_confirm_and_starts_a_new_epoch(client, alice):
     client.force_login(alice)
-    html = client.get("/").content.decode()
-    assert 'hx-confirm="Reset the session?' in html
-    resp = client.post("/actions/reset/", {}, headers={"HX-Request": "true"})
+    asked = client.post("/actions/reset/", {}, headers={"HX-Request": "true"})
+    assert asked.status_code == 200 and "Reset the session?" in asked.content.decode()
+    assert SessionState.get().epoch == 1  # the first step only asks
+    resp = client.post("/actions/reset/", {"confirm": "yes"}, headers={"HX-Request": "true"})
     assert resp.status_code == 200 and "session reset: conversation epoch 2" in resp.content.decode()
     assert SessionState.get().epoch == 2
     assert AuditLog.objects.get(verb="reset_session").actor == "user:alice"

@@ -61,13 +61,27 @@ class Proposal:
 
 @dataclass
 class Turn:
-    """A planner turn: ``calls`` (empty for a text-only turn) and ``text``; tokens used."""
+    """A planner turn: ``calls`` (empty for a text-only turn) and ``text``; tokens used.
+
+    ``tokens_fresh``: of ``tokens_in`` (the whole prompt, as the API reported it), the tokens new
+    since the planner's previous request in this run — what ``token_budget`` counts
+    (``agent.breakers``); ``None`` means all of ``tokens_in`` is new.
+    """
 
     calls: list[Proposal] = field(default_factory=list)
     text: str = ""
     batch: bool = False
     tokens_in: int = 0
     tokens_out: int = 0
+    tokens_fresh: int | None = None
+
+    def budget_tokens(self) -> int:
+        """The tokens this turn adds to the run's ``token_budget`` count: new prompt tokens plus the completion."""
+        if self.tokens_fresh is None:
+            fresh = self.tokens_in
+        else:  # an estimate: never more than the reported prompt (when the API reported one)
+            fresh = min(self.tokens_fresh, self.tokens_in) if self.tokens_in else self.tokens_fresh
+        return fresh + self.tokens_out
 
     def estimate_tokens(self) -> None:
         """Fill ``tokens_out`` from a conservative chars-per-token estimate (4 chars/token)."""

@@ -74,6 +74,8 @@ class LlmPlanner(Planner):
         self.fallback = None
         self._fallback_at = 0
         self._estimated = 0  # the last built context's estimated tokens (calibrated from usage)
+        self._sent: set | None = None  # fingerprints of the messages of the previous request
+        self._fresh: int | None = None
 
     def messages(self, ctx) -> list[dict]:
         """System prompt (tiers, with facts recalled for the operator's message in the middle) plus the
@@ -85,26 +87,55 @@ class LlmPlanner(Planner):
 
         recalled = "\n".join(recall_for_prompt(ctx.message or "", limit=8))  # the middle tier (seed 002)
         system = system_prompt(ctx.world.summary(), objectives=SessionState.get().objectives, recalled=recalled)
-        context = build_context(run=ctx.run, system=system)
+        from agent.model_digest import ModelSummarizer
+
+        # older history is folded into a running summary the model writes (extractive if it cannot)
+        context = build_context(run=ctx.run, system=system, summarize=ModelSummarizer(self.config, ctx.run))
         self._estimated = context.tokens
+        self._fresh = self._new_tokens(context.messages, context.factor)
         return context.messages
+
+    def _new_tokens(self, messages: list[dict], factor: float) -> int | None:
+        """Estimated tokens of ``messages`` not sent in this planner's previous request (``None``
+        for the first request: all of it is new). What ``token_budget`` counts (agent.breakers)."""
+        import hashlib
+        import json
+        import math
+
+        from agent.context import message_tokens
+
+        prints = [hashlib.sha256(json.dumps(m, sort_keys=True, default=str).encode()).hexdigest() for m in messages]
+        before, self._sent = self._sent, set(prints)
+        if before is None:
+            return None
+        raw = sum(message_tokens(m) for m, p in zip(messages, prints, strict=True) if p not in before)
+        return math.ceil(raw * factor)
 
     def next_turn(self, ctx) -> Turn | None:
         if self.fallback is not None:
             return self._rules_turn(ctx)
+        begin, flush = getattr(self.on_delta, "begin_turn", None), getattr(self.on_delta, "flush", None)
+        if begin is not None:  # a ChatStream (agent.chat_stream): frames name the turn
+            begin(ctx.turn_index)
         try:
             reply = chat(self.config, self.messages(ctx), tool_schemas(), run=ctx.run, on_delta=self.on_delta)
         except (ModelError, SecretReferenceError) as exc:
             self._fall_back(ctx, exc)
             return self._rules_turn(ctx)
+        finally:
+            if flush is not None:
+                flush(final=True)
         turn = turn_from_message(reply.message)
         turn.tokens_in, turn.tokens_out = reply.tokens_in, reply.tokens_out
+        turn.tokens_fresh = self._fresh
         if self._estimated > 0 and reply.tokens_in > 0:  # the estimate learns from the API's usage
             from agent.context import calibrate
 
             calibrate(self._estimated, reply.tokens_in)
         if not reply.usage_reported:
             turn.estimate_tokens()
+            if turn.tokens_fresh is None:  # no usage: the whole estimated prompt is new
+                turn.tokens_fresh = self._estimated
         ctx.run.cost_usd += reply.cost  # saved with the run when it closes
         return turn
 

@@ -126,7 +126,27 @@ def chat_context() -> dict:
         }
         for r in reports
     ]
-    items.sort(key=lambda item: (item["at"], item["kind"] == "report"))
+    # a chat run still being planned: what it said and called so far (the page adds what streams)
+    answered = {item["run"].pk for item in items if item["kind"] == "report"}
+    live = [m["run"] for m in items if m["kind"] == "message" and m["run"].status == "running"
+            and m["run"].pk not in answered]
+    items += [{"kind": "live", "at": r.started_at or clock.now(), "actor": "agent", "run": r, "text": ""} for r in live]
+    shown = {item["run"].pk: item for item in items if item["kind"] != "message"}
+    for item in shown.values():
+        item["calls"], item["trace"], item["turns"] = [], [], -1
+    for s in (Step.objects.filter(run_id__in=list(shown), kind__in=["call", "text"]).exclude(actor="system")
+              .only("run_id", "seq", "turn", "kind", "actor", "tool", "args", "outcome", "reason_code", "detail", "text")
+              .order_by("run_id", "seq")):
+        item = shown[s.run_id]
+        if s.turn is not None:
+            item["turns"] = max(item["turns"], s.turn)
+        if s.kind == "call":
+            item["calls"].append(s)
+            item["trace"].append(s)
+        elif item["kind"] == "live":
+            s.said = without_verdicts(s.text, sep=" ", strip=True).strip()
+            item["trace"].append(s)
+    items.sort(key=lambda item: (item["at"], item["kind"] != "message"))
     return {"chat_items": items[-CHAT_ITEMS:]}
 
 

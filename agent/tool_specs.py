@@ -1,0 +1,125 @@
+"""The tools' specs: names, argument schemas (pydantic), side-effect flags, timeouts, fallbacks,
+and :func:`canonical_json` — everything about a tool but its implementation.
+
+Names and argument shapes are a contract (``../shared/SCENARIOS.md`` "Tools"). This module sits
+below ``agent.guards``, ``agent.breakers``, ``agent.actions`` and ``agent.tools`` (which binds the
+bodies): the guards read what a tool *is* without importing what it *does* (issue 12 §3: no
+``actions → guards → tools → actions`` circle).
+"""
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Args(BaseModel):
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True, strict=True)
+
+
+class ListInstancesArgs(_Args):
+    status: str | None = None
+
+
+class NoArgs(_Args):
+    pass
+
+
+class SearchOffersArgs(_Args):
+    gpu_name: str | None = None
+    max_dph: float | None = Field(default=None, ge=0)
+    limit: int | None = Field(default=None, ge=1, le=100)
+
+
+class InstanceArgs(_Args):
+    instance_id: str = Field(min_length=1, max_length=64)
+
+
+class InstanceActionArgs(InstanceArgs):
+    reason: str = Field(min_length=1, max_length=2000)
+
+
+class LaunchArgs(_Args):
+    gpu_name: str | None = None
+    offer_id: str | None = None
+    # any string passes the schema; the guard refuses a missing/invalid one (priority_required)
+    launch_priority: str | None = None
+    reason: str = Field(min_length=1, max_length=2000)
+
+
+class RememberArgs(_Args):
+    category: str = Field(min_length=1, max_length=40)
+    key: str = Field(min_length=1, max_length=200)
+    value: str = Field(min_length=1, max_length=4000)
+    importance: float | None = Field(default=None, ge=0, le=1)
+
+
+class RecallArgs(_Args):
+    query: str = Field(max_length=200)
+    category: str | None = None
+
+
+class EscalateArgs(_Args):
+    severity: Literal["P0", "P1", "P2", "P3"]
+    message: str = Field(min_length=1, max_length=4000)
+
+
+@dataclass
+class Tool:
+    """One tool: ``side_effect`` tools get an idempotency key, guards, and policy checks.
+
+    ``instance_arg`` names the argument holding an instance id (for in-flight and guards).
+    ``fallback`` names a tool run in place of this one after three failures (three_strikes).
+    ``body`` (``(agent.tools.ToolContext, args) -> payload``) is ``None`` in this module's table;
+    ``agent.tools`` binds the implementations when it is imported.
+    """
+
+    name: str
+    schema: type[_Args]
+    body: Callable[..., object] | None = None
+    side_effect: bool = False
+    timeout_s: float | None = None
+    instance_arg: str | None = None
+    fallback: str | None = None
+    changes_world: bool = False
+    extra: dict = field(default_factory=dict)
+
+
+def canonical_args(args: dict | None) -> dict | None:
+    """The call's canonical arguments: ``reason`` removed, nulls dropped (key order is ignored by
+    :func:`canonical_json`). ``None`` stays ``None`` (unparsable)."""
+    if args is None:
+        return None
+    return {k: v for k, v in args.items() if k != "reason" and v is not None}
+
+
+def canonical_json(args: dict | None) -> str:
+    """Stable JSON of the canonical arguments (sorted keys), for comparing calls."""
+    return json.dumps(canonical_args(args), sort_keys=True, separators=(",", ":"), default=str)
+
+
+#: the registry: every tool's spec; ``agent.tools`` binds each body in place (the same dict, so a
+#: tool registered later — tests, benches — is seen by guards, breakers and the pipeline alike)
+TOOLS: dict[str, Tool] = {
+    t.name: t
+    for t in [
+        Tool("list_instances", ListInstancesArgs, fallback="list_instances_fallback"),
+        Tool("list_instances_fallback", ListInstancesArgs, extra={"internal": True}),
+        Tool("get_demand", NoArgs),
+        Tool("search_offers", SearchOffersArgs),
+        Tool("diagnose_instance", InstanceArgs, instance_arg="instance_id", timeout_s=60, changes_world=True),
+        Tool("launch_instance", LaunchArgs, side_effect=True, timeout_s=120),
+        Tool("stop_instance", InstanceActionArgs, side_effect=True, instance_arg="instance_id", timeout_s=60),
+        Tool("resume_instance", InstanceActionArgs, side_effect=True, instance_arg="instance_id", timeout_s=60),
+        Tool("reboot_instance", InstanceActionArgs, side_effect=True, instance_arg="instance_id", timeout_s=60),
+        Tool("destroy_instance", InstanceActionArgs, side_effect=True, instance_arg="instance_id", timeout_s=60),
+        Tool("remember", RememberArgs),
+        Tool("recall", RecallArgs),
+        Tool("escalate_human", EscalateArgs),
+    ]
+}
+
+#: tools a planner may call (internal fallbacks are not)
+PUBLIC_TOOLS = sorted(name for name, t in TOOLS.items() if not t.extra.get("internal"))
