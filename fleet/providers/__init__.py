@@ -19,6 +19,10 @@ def get_provider(name: str | None = None) -> Provider:
         from fleet.providers.local import LocalProvider
 
         return LocalProvider()
+    if name == "vastai":
+        from fleet.providers.vastai import VastProvider
+
+        return VastProvider()
     raise ProviderError(f"unknown provider {name!r}; set WARDEN_PROVIDER=local", kind="permanent", code="config")
 
 
