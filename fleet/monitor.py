@@ -14,8 +14,9 @@ forced approvals and idempotency as any call:
 - an operator-owned SSH host is never destroyed;
 - with ``WARDEN_ORPHANS=destroy``, an instance the reconcile adopted (labelled ours, no record:
   ``fleet.sync``) is destroyed, unless its label is one of our own launches (a launch whose
-  answer was lost is ours, not an orphan: ``agent.claims``). It goes through the guards like any
-  destroy, so a machine whose worker serves queued work is not destroyed blind.
+  answer was lost is ours, not an orphan: ``agent.claims``). It is diagnosed first and goes
+  through the guards like any destroy, so a machine whose worker serves queued work is not
+  destroyed blind.
 Instances missing from the provider's list are marked killed by ``fleet.sync`` (except those
 younger than ``WARDEN_VANISH_GRACE_MIN``, which may not be listed yet).
 """
@@ -61,6 +62,8 @@ def decide(world) -> list[MonitorAction]:
         terminal, why = is_terminal(inst, world)
         if not terminal:
             if inst.pk in orphans:
+                if world.fresh_diagnosis(inst) is None:  # the guards want one before any destroy of a non-terminal
+                    actions.append(MonitorAction("diagnose_instance", {"instance_id": inst.external_id}))
                 actions.append(MonitorAction("destroy_instance", {
                     "instance_id": inst.external_id,
                     "reason": f"orphan: labelled ours ({inst.label}) with no record of launching it; WARDEN_ORPHANS=destroy"}))
