@@ -74,6 +74,7 @@ def approve(run, planner, approval, alice):
     return step
 
 
+@pytest.mark.slow  # ~15 s: two SSH diagnoses, six cycles, the observe retries on bad lists
 def test_launch_diagnose_approve_stop_destroy_and_reconcile_on_vast(world, alice):
     queue(6)
     world.fault("list", "429")  # the first read of the fleet is rate limited (text body): backed off, then read

@@ -19,7 +19,7 @@ Every request needs ``Authorization: Bearer <key>`` (else 401 ``auth_error``). :
 queues an answer for the next requests to a route: ``"429"`` (plain text ``API requests too
 frequent``), ``"empty"`` (200, no body), ``"html"`` (200, a Cloudflare-like page), ``"malformed"``
 (200, JSON without ``instances``), ``"410"`` (the deprecated answer), ``"new_contract_error"``
-(create: the instance is made, stopped, and the answer is a 400 error naming it), ``"500"``; route
+(create: the instance is made, stopped, and the answer is a 400 error naming it), ``"500"``, ``"echo_key"`` (502 echoing the Authorization header); route
 ``list_next`` faults only the pages after the first.
 ``requests`` records ``(method, path, query string, headers)`` of every request.
 """
@@ -165,6 +165,8 @@ def _handler(server: VastServer):
                 self._send(200, {"success": True, "total": 3})
             elif answer == "410":
                 self._deprecated()
+            elif answer == "echo_key":  # a broken proxy that echoes the request's Authorization header
+                self._send(502, f"bad gateway; request had {self.headers.get('Authorization')}", "text/plain")
             elif answer == "500":
                 self._send(500, {"success": False, "error": "server_error", "msg": "internal"})
             else:

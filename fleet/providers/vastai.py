@@ -291,6 +291,24 @@ def _raise(exc: Exception):
     raise exc
 
 
+def settings_view() -> dict:
+    """The vast settings as an operator may see them (the settings page): the key by its
+    reference (``env:NAME`` / ``file:/path``) and whether it resolves — never its value."""
+    cfg, warden = settings.VAST, settings.WARDEN
+    ref = f"file:{cfg['API_KEY_FILE']}" if cfg.get("API_KEY_FILE") else (f"env:{cfg['API_KEY_ENV']}" if cfg.get("API_KEY_ENV") else "")
+    try:
+        resolved = bool(ref) and bool(resolve(ref))
+    except SecretReferenceError:
+        resolved = False
+    return {
+        "url": cfg["URL"], "key_ref": ref or "(none)", "key_resolves": resolved, "image": cfg.get("IMAGE") or "",
+        "disk_gb": cfg.get("DISK_GB"), "env_set": bool(cfg.get("ENV")), "offer_query": cfg.get("OFFER_QUERY") or "",
+        "offer_type": cfg.get("OFFER_TYPE"), "label_prefix": cfg.get("LABEL_PREFIX"), "min_interval_s": cfg.get("MIN_INTERVAL_S"),
+        "retry_429": cfg.get("RETRY_429"), "backoff_s": cfg.get("BACKOFF_S"), "backoff_max_s": cfg.get("BACKOFF_MAX_S"),
+        "orphans": warden.get("ORPHANS", "adopt"), "vanish_grace_min": warden.get("VANISH_GRACE_MIN", 10),
+    }
+
+
 class VastProvider(Provider):
     """Instances rented on vast.ai (``WARDEN_PROVIDER=vastai``); configuration: ``settings.VAST``.
 
