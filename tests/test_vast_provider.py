@@ -305,3 +305,18 @@ def test_an_interrupted_instance_says_so():
     _, _, _, facts = map_status({"actual_status": "stopped", "intended_status": "stopped", "cur_state": "stopped",
                                  "next_state": "stopped"})
     assert facts["interrupted"] is True
+
+
+def test_the_deprecated_v0_list_answers_410_and_warden_never_asks_it(vast):
+    from vastai.api.client import VastClient
+
+    from fleet.providers.vastai import http_error
+
+    legacy = VastClient(api_key=KEY, server_url=vast.url, retry=1).get("/instances/", query_args={"owner": "me"})
+    err = http_error("list", legacy)
+    assert (legacy.status_code, err.code, err.kind) == (410, "http_410", "permanent")
+    assert "deprecated" in str(err)
+    vast.requests.clear()
+    vast.add("warden-a")
+    VastProvider().list_instances()
+    assert [p for m, p, _, _ in vast.requests if m == "GET"] == ["/api/v1/instances/"]
