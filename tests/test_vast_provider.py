@@ -120,7 +120,7 @@ def test_launch_creates_from_the_cheapest_matching_offer_with_the_configured_ima
     assert create[1] == "/api/v0/asks/5002/"  # 0.38 $/hr beats 0.42
     row = vast.instances[int(pi.external_id)]
     assert row["image_uuid"] == "warden/curio-worker:test" and row["disk_space"] == 40.0
-    assert row["extra_env"] == [["CURIO_LAYERS", "/data"]]
+    assert row["extra_env"] == [["CURIO_LAYERS", "/data"], ["CURIO_NODE_NAME", "warden-" + "ab" * 20]]
     assert pi.label == row["label"] == "warden-" + "ab" * 20
     assert (pi.status, pi.gpu_name, pi.dph, pi.extra["machine_id"]) == ("running", "RTX 4090", 0.38, "702")
     assert (pi.ssh_host, pi.ssh_port) == vast.ssh

@@ -525,7 +525,8 @@ class VastProvider(Provider):
     # --- changes -----------------------------------------------------------------------------
     def launch(self, *, gpu_name: str = "", offer_id: str = "", label: str = "") -> ProviderInstance:
         """Create an instance from ``offer_id`` (else the cheapest offer of ``gpu_name``) with the
-        configured image, disk, env and onstart, labelled :meth:`vast_label` (``PUT
+        configured image, disk, env (plus ``CURIO_NODE_NAME=<label>`` unless the env sets it: the
+        Curio node name Warden maps the instance by) and onstart, labelled :meth:`vast_label` (``PUT
         /api/v0/asks/{offer}/``). An error answer naming ``new_contract`` adopts that instance
         (its message says so). Raises ProviderError (``config`` without an image, ``not_found``
         without an offer)."""
@@ -543,6 +544,8 @@ class VastProvider(Provider):
         oid = self._id(offer_id)
         vlabel = self.vast_label(label or "warden")
         env = cfg.get("ENV") or ""
+        if "CURIO_NODE_NAME=" not in env:  # the worker registers under the name Warden maps it by
+            env = f"{env} -e CURIO_NODE_NAME={vlabel}".strip()
 
         def create(client):
             try:
