@@ -84,7 +84,6 @@ class FailedMachine(models.Model):
 
     provider = models.CharField(max_length=20)
     machine_id = models.CharField(max_length=64)
-    host_id = models.CharField(max_length=64, blank=True)
     instance_ref = models.CharField(max_length=64, blank=True)
     reason = models.TextField(blank=True)
     failures = models.PositiveIntegerField(default=1)

@@ -147,3 +147,17 @@ def sshd_for_vast(fleet, monkeypatch, tmp_path_factory):
         yield server
     finally:
         server.stop()
+
+
+def test_an_instance_destroyed_as_terminal_leaves_its_machine_out_of_offers(fleet):
+    row = fleet.add("warden-" + "2" * 40, status="loading", start_date=HOUR_AGO)
+    monitor_tick()
+    inst = Instance.objects.get(external_id=str(row["id"]))
+    Instance.objects.filter(pk=inst.pk).update(status_since=timezone.now() - timedelta(hours=4))  # loading for 4 h
+
+    monitor_tick()
+
+    assert row["id"] not in fleet.instances  # stuck provisioning: destroyed by the monitor
+    failed = FailedMachine.objects.get(provider="vastai", machine_id="701")
+    assert failed.reason.startswith("terminal: stuck loading")
+    assert "701" not in [o["machine_id"] for o in VastProvider().search_offers()]
