@@ -303,11 +303,24 @@ WARDEN = {
 }
 
 # --- vast.ai (WARDEN_PROVIDER=vastai; fleet/providers/vastai.py) ------------------------------
+def _env_var_name(setting: str, default: str) -> str:
+    """A setting that holds the NAME of an environment variable. The key itself pasted there
+    stops with one line that does not repeat the value (it would be the secret)."""
+    from fleet.secrets import redact
+
+    raw = os.environ.get(setting, default).strip()
+    if raw and (redact(raw) != raw or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,127}", raw)):
+        raise SystemExit(f"warden: bad {setting} (value not shown): it takes the NAME of the environment variable "
+                         "that holds the key, e.g. VAST_API_KEY, not the key itself")
+    return raw
+
+
+
 # The API key is a reference: the NAME of an environment variable, or a file path, read at each
 # call; never the key itself. The default filter uses vast's query syntax (`vastai search offers`).
 VAST = {
     "URL": os.environ.get("WARDEN_VAST_URL", "https://console.vast.ai").strip().rstrip("/"),
-    "API_KEY_ENV": os.environ.get("WARDEN_VAST_API_KEY_ENV", "VAST_API_KEY").strip(),
+    "API_KEY_ENV": _env_var_name("WARDEN_VAST_API_KEY_ENV", "VAST_API_KEY"),
     "API_KEY_FILE": os.environ.get("WARDEN_VAST_API_KEY_FILE", "").strip(),
     "IMAGE": os.environ.get("WARDEN_VAST_IMAGE", "").strip(),
     "DISK_GB": envfloat("WARDEN_VAST_DISK_GB", 40, minimum=1),
