@@ -43,6 +43,15 @@ class SearchOffersArgs(_Args):
     gpu_name: str | None = None
     max_dph: float | None = Field(default=None, ge=0)
     limit: int | None = Field(default=None, ge=1, le=100)
+    # vast.ai's offer filters (fleet.providers.vastai); a provider without them refuses them
+    min_gpu_ram_gb: float | None = Field(default=None, ge=0)
+    min_reliability: float | None = Field(default=None, ge=0, le=1)
+    min_cuda: float | None = Field(default=None, ge=0)
+    min_disk_gb: float | None = Field(default=None, ge=0)
+
+
+#: search_offers filters only some providers take
+OFFER_FILTERS = ("min_gpu_ram_gb", "min_reliability", "min_cuda", "min_disk_gb")
 
 
 class InstanceArgs(_Args):
@@ -181,10 +190,19 @@ def get_demand(ctx: ToolContext, args: dict) -> dict:
 
 
 def search_offers(ctx: ToolContext, args: dict) -> dict:
+    import inspect
+
     from fleet.providers import get_provider
 
-    offers = get_provider().search_offers(
-        gpu_name=args.get("gpu_name") or "", max_dph=args.get("max_dph"), limit=args.get("limit") or 10
+    provider = get_provider()
+    extra = {k: args[k] for k in OFFER_FILTERS if args.get(k) is not None}
+    takes = inspect.signature(provider.search_offers).parameters
+    refused = sorted(k for k in extra if k not in takes)
+    if refused:
+        raise ToolError(f"the {provider.name} provider does not filter offers by {', '.join(refused)}; "
+                        "use gpu_name and max_dph", kind="permanent", code="invalid_args")
+    offers = provider.search_offers(
+        gpu_name=args.get("gpu_name") or "", max_dph=args.get("max_dph"), limit=args.get("limit") or 10, **extra
     )
     return {"offers": offers, "count": len(offers)}
 

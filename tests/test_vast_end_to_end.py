@@ -155,3 +155,28 @@ def test_a_launch_whose_create_answers_an_error_naming_a_contract_adopts_the_ins
     assert int(inst.external_id) in world.instances  # it exists and bills: recorded, not lost
     assert inst.status == "stopped" and "adopted" in inst.status_msg
     assert inst.external_id in step.observation
+
+
+def test_the_agent_searches_offers_with_vasts_filters_and_a_provider_without_them_says_so(world):
+    planner = ScriptPlanner([
+        {"tool": "search_offers", "args": {"min_gpu_ram_gb": 40, "min_cuda": 12.5, "min_disk_gb": 300,
+                                           "min_reliability": 0.99}},
+        {"text": 'done <verdict>{"action": false, "state_changed": false}</verdict>'},
+    ])
+    run = run_cycle("operator", planner=planner)
+
+    step = run.steps.get(tool="search_offers")
+    assert step.ok and '"id": 5003' in step.observation and '"id": 5002' not in step.observation
+    body = world.searches[-1]
+    assert (body["gpu_ram"], body["cuda_max_good"], body["disk_space"], body["reliability"]) == (
+        {"gte": 40000.0}, {"gte": 12.5}, {"gte": 300.0}, {"gte": 0.99})
+    from agent.tools import ToolError, search_offers
+    from fleet.providers import set_override
+    from fleet.providers.local import LocalProvider
+
+    set_override(LocalProvider())
+    try:
+        with pytest.raises(ToolError, match="local provider does not filter offers by min_cuda"):
+            search_offers(None, {"min_cuda": 12.0})
+    finally:
+        set_override(None)
