@@ -155,6 +155,8 @@ def _record_launch(provider, pi, *, gpu_name: str, actor: str, reason: str, labe
             worker_name=pi.worker_name or pi.external_id,
             created_at=now,
             started_at=pi.started_at or now,
+            machine_id=str((pi.extra or {}).get("machine_id") or "")[:64],
+            adopted_at=None,  # ours: a sync that ran between the launch and this save adopted it
         ),
     )
     do_audit(actor, "launch_instance", inst.external_id, reason, None, _inst_state(inst))

@@ -31,6 +31,8 @@ def run_monitor(tc) -> int:
     actions = monitor_actions(tc.world)
     for pos, act in enumerate(actions):
         step = _act(tc, pos, act)
+        if act.tool == "destroy_instance" and act.args["reason"].startswith("terminal") and step.outcome == "executed":
+            _remember_machine(tc.world, act)
         if act.alert:  # says what became of the action: never "destroying" when it was refused
             what = {"executed": "done", "parked": "waits for an operator's approval"}.get(
                 step.outcome, f"{step.outcome} ({step.reason_code or step.detail[:80]})")
@@ -41,6 +43,15 @@ def run_monitor(tc) -> int:
 
         tc.world.set_instances(list(Instance.objects.filter(pk__in=[i.pk for i in tc.world.instances], killed_at__isnull=True)))
     return len(actions)
+
+
+def _remember_machine(world, act) -> None:
+    """A terminal instance's machine is left out of later offers (``fleet.machines``)."""
+    from fleet.machines import remember_failure
+
+    inst = world.instance(act.args["instance_id"])
+    if inst is not None:
+        remember_failure(inst, act.args["reason"])
 
 
 def _act(tc, pos: int, act):

@@ -31,6 +31,15 @@ class SearchOffersArgs(_Args):
     gpu_name: str | None = None
     max_dph: float | None = Field(default=None, ge=0)
     limit: int | None = Field(default=None, ge=1, le=100)
+    # vast.ai's offer filters (fleet.providers.vastai); a provider without them refuses them
+    min_gpu_ram_gb: float | None = Field(default=None, ge=0)
+    min_reliability: float | None = Field(default=None, ge=0, le=1)
+    min_cuda: float | None = Field(default=None, ge=0)
+    min_disk_gb: float | None = Field(default=None, ge=0)
+
+
+#: search_offers filters only some providers take
+OFFER_FILTERS = ("min_gpu_ram_gb", "min_reliability", "min_cuda", "min_disk_gb")
 
 
 class InstanceArgs(_Args):

@@ -11,6 +11,7 @@ boundary and becomes an error observation.
 from dataclasses import dataclass, replace
 
 from agent.tool_specs import (  # noqa: F401 — re-exported: the registry and the argument models
+    OFFER_FILTERS,
     PUBLIC_TOOLS,
     TOOLS,
     EscalateArgs,
@@ -111,10 +112,19 @@ def get_demand(ctx: ToolContext, args: dict) -> dict:
 
 
 def search_offers(ctx: ToolContext, args: dict) -> dict:
+    import inspect
+
     from fleet.providers import get_provider
 
-    offers = get_provider().search_offers(
-        gpu_name=args.get("gpu_name") or "", max_dph=args.get("max_dph"), limit=args.get("limit") or 10
+    provider = get_provider()
+    extra = {k: args[k] for k in OFFER_FILTERS if args.get(k) is not None}
+    takes = inspect.signature(provider.search_offers).parameters
+    refused = sorted(k for k in extra if k not in takes)
+    if refused:
+        raise ToolError(f"the {provider.name} provider does not filter offers by {', '.join(refused)}; "
+                        "use gpu_name and max_dph", kind="permanent", code="invalid_args")
+    offers = provider.search_offers(
+        gpu_name=args.get("gpu_name") or "", max_dph=args.get("max_dph"), limit=args.get("limit") or 10, **extra
     )
     return {"offers": offers, "count": len(offers)}
 

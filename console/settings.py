@@ -266,7 +266,7 @@ LOGGING = {
 # --- the fleet and the agent -----------------------------------------------------------------
 WARDEN = {
     # which provider launches instances and which demand source is read
-    "PROVIDER": envchoice("WARDEN_PROVIDER", "local", ("local", "ssh")),
+    "PROVIDER": envchoice("WARDEN_PROVIDER", "local", ("local", "ssh", "vastai")),
     "DEMAND_SOURCE": envchoice("WARDEN_DEMAND_SOURCE", "local", ("local", "curio", "http")),
     # the http demand source: a JSON endpoint (fleet/demand/http.py), its timeout, and its bearer
     # token by reference (a variable's name or a file's path; never the token itself)
@@ -301,6 +301,50 @@ WARDEN = {
     "PROOF_SECONDS": envfloat("WARDEN_PROOF_SECONDS", 20),
     "LOCAL_DPH": envfloat("WARDEN_LOCAL_DPH", 0.0),
     "STOP_GRACE_S": envfloat("WARDEN_STOP_GRACE_S", 10),
+    # reconcile (fleet.sync): an instance labelled ours with no row is adopted, or adopted and
+    # then destroyed by the monitor (audited either way); a row the provider no longer lists is
+    # marked vanished only once it is older than the grace (provider lag: autoscalers.md rule 8)
+    "ORPHANS": envchoice("WARDEN_ORPHANS", "adopt", ("adopt", "destroy")),
+    "VANISH_GRACE_MIN": envfloat("WARDEN_VANISH_GRACE_MIN", 10),
+}
+
+# --- vast.ai (WARDEN_PROVIDER=vastai; fleet/providers/vastai.py) ------------------------------
+def _env_var_name(setting: str, default: str) -> str:
+    """A setting that holds the NAME of an environment variable. The key itself pasted there
+    stops with one line that does not repeat the value (it would be the secret)."""
+    from fleet.secrets import redact
+
+    raw = os.environ.get(setting, default).strip()
+    if raw and (redact(raw) != raw or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,127}", raw)):
+        raise SystemExit(f"warden: bad {setting} (value not shown): it takes the NAME of the environment variable "
+                         "that holds the key, e.g. VAST_API_KEY, not the key itself")
+    return raw
+
+
+
+# The API key is a reference: the NAME of an environment variable, or a file path, read at each
+# call; never the key itself. The default filter uses vast's query syntax (`vastai search offers`).
+VAST = {
+    "URL": os.environ.get("WARDEN_VAST_URL", "https://console.vast.ai").strip().rstrip("/"),
+    "API_KEY_ENV": _env_var_name("WARDEN_VAST_API_KEY_ENV", "VAST_API_KEY"),
+    "API_KEY_FILE": os.environ.get("WARDEN_VAST_API_KEY_FILE", "").strip(),
+    "IMAGE": os.environ.get("WARDEN_VAST_IMAGE", "").strip(),
+    "DISK_GB": envfloat("WARDEN_VAST_DISK_GB", 40, minimum=1),
+    # docker options as vast takes them: "-e KEY=VALUE -p 8080:8080"
+    "ENV": os.environ.get("WARDEN_VAST_ENV", "").strip(),
+    "ONSTART": os.environ.get("WARDEN_VAST_ONSTART", "touch ~/.no_auto_tmux").strip(),
+    "OFFER_QUERY": os.environ.get(
+        "WARDEN_VAST_OFFER_QUERY", "num_gpus=1 reliability>=0.98 cuda_vers>=12.0 disk_space>=40 inet_down>=100"
+    ).strip(),
+    "OFFER_TYPE": envchoice("WARDEN_VAST_OFFER_TYPE", "on-demand", ("on-demand", "bid")),
+    # an instance whose vast label starts with this is ours (launch labels are warden-<key>)
+    "LABEL_PREFIX": os.environ.get("WARDEN_VAST_LABEL_PREFIX", "warden-").strip() or "warden-",
+    # pacing: the least time between two requests to one endpoint, and the backoff on HTTP 429
+    "MIN_INTERVAL_S": envfloat("WARDEN_VAST_MIN_INTERVAL_S", 1.0),
+    "RETRY_429": envint("WARDEN_VAST_RETRY_429", 5, minimum=1),
+    "BACKOFF_S": envfloat("WARDEN_VAST_BACKOFF_S", 2.0),
+    "BACKOFF_MAX_S": envfloat("WARDEN_VAST_BACKOFF_MAX_S", 60.0),
+    "TIMEOUT_S": envfloat("WARDEN_VAST_TIMEOUT_S", 30.0, minimum=1),
 }
 
 # --- the model (the `llm` planner; agent/model_client.py) -------------------------------------

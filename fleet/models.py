@@ -52,6 +52,10 @@ class Instance(models.Model):
     kill_reason = models.TextField(blank=True)
     destroy_requested_at = models.DateTimeField(null=True, blank=True)
     cordoned = models.BooleanField(default=False)
+    # the provider's machine it runs on (vast machine_id): a failed one is left out of offers
+    machine_id = models.CharField(max_length=64, blank=True)
+    # set when the reconcile found it at the provider, labelled ours, with no row (fleet.sync)
+    adopted_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         unique_together = [("provider", "external_id")]
@@ -68,6 +72,27 @@ class Instance(models.Model):
     def is_owned_host(self) -> bool:
         """An operator-owned SSH host: never destroyed by the agent or the monitor."""
         return self.provider == "ssh"
+
+
+class FailedMachine(models.Model):
+    """A provider machine an instance of ours failed on; left out of later offer searches.
+
+    SkyPilot's vast provisioner remembers the ``machine_id`` of a failed attempt and retries on a
+    different machine (autoscalers.md §1.3, ``excluded_machine_ids``). ``failures`` counts the
+    instances that failed there; ``reason`` is the latest one's.
+    """
+
+    provider = models.CharField(max_length=20)
+    machine_id = models.CharField(max_length=64)
+    instance_ref = models.CharField(max_length=64, blank=True)
+    reason = models.TextField(blank=True)
+    failures = models.PositiveIntegerField(default=1)
+    first_failed_at = models.DateTimeField()
+    last_failed_at = models.DateTimeField()
+
+    class Meta:
+        unique_together = [("provider", "machine_id")]
+        ordering = ["-last_failed_at"]
 
 
 class DemandSample(models.Model):

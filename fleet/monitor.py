@@ -11,13 +11,20 @@ forced approvals and idempotency as any call:
   diagnosis on evidence from the machine);
 - a destroy counts only once a re-list confirms it; unconfirmed after ``destroy_confirm_min``
   (15) minutes it raises ``destroy_unconfirmed`` and the destroy is sent again;
-- an operator-owned SSH host is never destroyed.
+- an operator-owned SSH host is never destroyed;
+- with ``WARDEN_ORPHANS=destroy``, an instance the reconcile adopted (labelled ours, no record:
+  ``fleet.sync``) is destroyed, unless its label is one of our own launches (a launch whose
+  answer was lost is ours, not an orphan: ``agent.claims``). It is diagnosed first and goes
+  through the guards like any destroy, so a machine whose worker serves queued work is not
+  destroyed blind.
 Instances missing from the provider's list are marked killed by ``fleet.sync`` (except those
-created in the last 10 minutes, which are still pending).
+younger than ``WARDEN_VANISH_GRACE_MIN``, which may not be listed yet).
 """
 
 from dataclasses import dataclass
 from datetime import timedelta
+
+from django.conf import settings
 
 from fleet.clock import clock
 from fleet.models import PENDING_STATUSES
@@ -39,6 +46,7 @@ def decide(world) -> list[MonitorAction]:
     now = clock.now()
     confirm = timedelta(minutes=world.limits.destroy_confirm_min)
     actions = []
+    orphans = _orphans(world)
     for inst in sorted(world.instances, key=lambda i: i.external_id):
         if inst.killed_at is not None or inst.is_owned_host:
             continue
@@ -53,6 +61,12 @@ def decide(world) -> list[MonitorAction]:
             continue
         terminal, why = is_terminal(inst, world)
         if not terminal:
+            if inst.pk in orphans:
+                if world.fresh_diagnosis(inst) is None:  # the guards want one before any destroy of a non-terminal
+                    actions.append(MonitorAction("diagnose_instance", {"instance_id": inst.external_id}))
+                actions.append(MonitorAction("destroy_instance", {
+                    "instance_id": inst.external_id,
+                    "reason": f"orphan: labelled ours ({inst.label}) with no record of launching it; WARDEN_ORPHANS=destroy"}))
             continue
         alert = None
         if inst.status in PENDING_STATUSES:
@@ -60,3 +74,17 @@ def decide(world) -> list[MonitorAction]:
             alert = ("stuck_provisioning", f"{inst.external_id} stuck {inst.status or 'provisioning'} for {hours:.1f} h")
         actions.append(MonitorAction("destroy_instance", {"instance_id": inst.external_id, "reason": f"terminal: {why}"}, alert))
     return actions
+
+
+def _orphans(world) -> set[int]:
+    """Primary keys of the adopted instances to destroy (``WARDEN_ORPHANS=destroy``); one query."""
+    if settings.WARDEN.get("ORPHANS", "adopt") != "destroy":
+        return set()
+    adopted = {i.pk: i.label for i in world.instances
+               if i.adopted_at is not None and i.killed_at is None and not i.is_owned_host}
+    if not adopted:
+        return set()
+    from agent.models import SideEffect  # our own launches, by the label they carry (agent.claims)
+
+    ours = set(SideEffect.objects.filter(label__in=[lb for lb in adopted.values() if lb]).values_list("label", flat=True))
+    return {pk for pk, label in adopted.items() if label not in ours}

@@ -6,6 +6,7 @@ row only: the query count does not grow with the fleet unless rows actually chan
 
 from datetime import timedelta
 
+from django.conf import settings
 from django.db import transaction
 
 from fleet.clock import clock
@@ -14,8 +15,15 @@ from fleet.models import Instance
 from fleet.providers import get_provider
 from fleet.secrets import redact
 
-#: an instance this young may not be listed yet (provider lag): never marked vanished
-VANISH_GRACE = timedelta(minutes=10)
+#: statuses that mean the machine failed the instance (its machine is left out of later offers);
+#: ``exited`` counts only when we wanted it running
+FAILED_STATUSES = {"error", "exited", "unknown", "offline"}
+
+
+def vanish_grace() -> timedelta:
+    """How young an instance may be and still be missing from the list without being marked
+    vanished (provider lag; autoscalers.md rule 8): ``WARDEN_VANISH_GRACE_MIN``, default 10 min."""
+    return timedelta(minutes=float(settings.WARDEN.get("VANISH_GRACE_MIN", 10)))
 
 #: ProviderInstance field -> Instance field copied on every sync
 _COPIED = [
@@ -40,6 +48,7 @@ def _fields(p) -> dict:
         values[f] = values[f] or ""
     values["intended_status"] = values["intended_status"] or "running"
     values["status_msg"] = redact(values["status_msg"])  # provider text is never stored with secrets
+    values["machine_id"] = str((p.extra or {}).get("machine_id") or "")[:64]
     return values
 
 
@@ -50,8 +59,14 @@ def sync_instances(provider=None) -> list[Instance]:
       name, started_at... are copied; ``status_since`` moves to ``clock.now()`` when the status
       changes;
     - one of our live rows missing from the list: marked killed (``killed_by="provider"``,
-      reason "vanished") unless it was created less than 10 minutes ago;
-    - a listed instance we have no row for: adopted (a new row), so nothing that runs is hidden;
+      reason "vanished") unless it was created less than :func:`vanish_grace` ago;
+    - a listed instance we have no row for (an instance labelled ours: providers list only
+      theirs): adopted — a new row with ``adopted_at`` set and an ``adopt_instance`` audit row
+      naming ``WARDEN_ORPHANS``; with ``destroy`` the monitor then destroys it
+      (``fleet.monitor``), so nothing that runs and bills is hidden or ignored;
+    - a row whose status turns failed (``error``; ``exited`` while intended running;
+      ``unknown``/``offline``): its machine is remembered (``fleet.machines``) and left out of
+      later offers;
     - a listed instance whose destroy we counted as confirmed: live again, its destroy unconfirmed
       (``destroy_requested_at`` kept: the monitor re-sends it with ``destroy_unconfirmed``).
 
@@ -70,13 +85,15 @@ def sync_instances(provider=None) -> list[Instance]:
     by_id = {p.external_id: p for p in listed}
     now = clock.now()
     changed = False
+    grace = vanish_grace()
+    failed: list[Instance] = []
     with transaction.atomic():
         names = getattr(provider, "names", {provider.name})
         rows = list(Instance.objects.select_for_update().filter(provider__in=names, killed_at__isnull=True))
         for row in rows:
             p = by_id.pop(row.external_id, None)
             if p is None:
-                if row.created_at > now - VANISH_GRACE:
+                if row.created_at > now - grace:
                     continue
                 if row.destroy_requested_at is not None:
                     row.killed_at, row.killed_by, row.kill_reason = now, "monitor", "destroy confirmed by re-list"
@@ -92,6 +109,8 @@ def sync_instances(provider=None) -> list[Instance]:
             if "status" in diff:
                 row.status_since = now
                 diff.append("status_since")
+                if values["status"] in FAILED_STATUSES and (values["status"] != "exited" or values["intended_status"] == "running"):
+                    failed.append(row)
             for f in diff:
                 if f != "status_since":
                     setattr(row, f, values[f])
@@ -115,9 +134,10 @@ def sync_instances(provider=None) -> list[Instance]:
                 Instance(
                     provider=p.extra.get("provider", provider.name),
                     external_id=p.external_id,
-                    label=p.label or "",
+                    label=(p.label or "")[:100],
                     status_since=now,
                     created_at=p.started_at or now,
+                    adopted_at=now,
                     **_fields(p),
                 )
                 for ext, p in by_id.items()
@@ -125,7 +145,25 @@ def sync_instances(provider=None) -> list[Instance]:
             ]
             if new:
                 Instance.objects.bulk_create(new)
+                _audit_adopted(new)
                 changed = True
+        if failed:
+            from fleet.machines import remember_failure
+
+            for row in failed:
+                remember_failure(row, f"{row.external_id} {row.status}: {row.status_msg[:200]}")
         if changed:
             emit("fleet-changed")
     return list(Instance.objects.filter(provider__in=names, killed_at__isnull=True).order_by("-created_at"))
+
+
+def _audit_adopted(rows: list[Instance]) -> None:
+    """One ``adopt_instance`` audit row per instance the reconcile adopted (actor ``monitor``)."""
+    from agent.actions import do_audit  # the audit log lives with the agent; written here as sync adopts
+
+    policy = settings.WARDEN.get("ORPHANS", "adopt")
+    then = "the monitor destroys it (WARDEN_ORPHANS=destroy)" if policy == "destroy" else "kept (WARDEN_ORPHANS=adopt)"
+    for row in rows:
+        do_audit("monitor", "adopt_instance", row.external_id,
+                 f"listed by {row.provider} with our label {row.label!r} but no record: adopted; {then}", None,
+                 {"status": row.status, "label": row.label, "gpu_name": row.gpu_name, "dph": row.dph})

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from agent import chat_answer, report, untrusted
 from agent.planners.base import parse_verdict, verdict_blocks, without_verdicts
 from fleet import diagnostics, secrets
-from fleet.providers import local
+from fleet.providers import local, vastai
 from fleet.secrets import MARK, redact
 from tests.secret_corpus import NOT_SECRETS, SECRETS
 
@@ -89,20 +89,21 @@ def _module_patterns(module) -> list[tuple[str, re.Pattern]]:
     return found
 
 
-PATTERNS = [p for m in (secrets, untrusted, report, diagnostics, local, chat_answer) for p in _module_patterns(m)]
+PATTERNS = [p for m in (secrets, untrusted, report, diagnostics, local, chat_answer, vastai) for p in _module_patterns(m)]
 # patterns built at the call site from an escaped value (agent/breakers.py, agent/report.py)
 DYNAMIC = [
     ("agent.breakers._error_message", re.compile(rf"(?<![\w-]){re.escape('v-1042')}(?![\w-])")),
     ("agent.report.entailment_flags", re.compile(rf"(?<![\w.-]){re.escape('12.5')}(?![\w-]|\.\d)")),
 ]
 #: every regex call site in the project's code, per file: a new one must be added to the audit
-#: (agent/replay/file_format.py: a JSON string literal as the unrolled loop ``"[^"\\]*(?:\\.[^"\\]*)*"`` —
+#: (fleet/providers/vastai.py: vast's own status_msg classes and a query string's field names, bounded repeats;
+#: agent/replay/file_format.py: a JSON string literal as the unrolled loop ``"[^"\\]*(?:\\.[^"\\]*)*"`` —
 #: every character has one way to match — and single brackets; console/settings.py: the operator's
-#: own HARMONY_DATABASE_URL search_path, comma-separated names, one way to match each; file_format
+#: own HARMONY_DATABASE_URL search_path, comma-separated names, one way to match each, and a variable's name; file_format
 #: also single surrogate characters and escapes; console/forms.py: the target's fixed-width shape)
 CALL_SITES = {"agent/breakers.py": 1, "agent/report.py": 3, "agent/untrusted.py": 20, "fleet/diagnostics.py": 7,
-              "fleet/providers/local.py": 1, "fleet/secrets.py": 10, "agent/replay/file_format.py": 4,
-              "console/settings.py": 1, "console/forms.py": 2,
+              "fleet/providers/local.py": 1, "fleet/providers/vastai.py": 5, "fleet/secrets.py": 10, "agent/replay/file_format.py": 4,
+              "console/settings.py": 2, "console/forms.py": 2,
               "agent/chat_answer.py": 1, "agent/memory.py": 3}
 
 

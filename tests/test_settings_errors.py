@@ -34,6 +34,10 @@ from tests.subprocs import BIN, ROOT, free_port, manage
         ("HARMONY_DATABASE_URL", "postgres://ro@127.0.0.1:5433/yugabyte?search_path=curio;drop"),
         ("WARDEN_PROVIDER", "banana"),
         ("WARDEN_DEMAND_SOURCE", "somewhere"),
+        ("WARDEN_ORPHANS", "ignore"),
+        ("WARDEN_VANISH_GRACE_MIN", "-1"),
+        ("WARDEN_VAST_OFFER_TYPE", "spot"),
+        ("WARDEN_VAST_MIN_INTERVAL_S", "nan"),
     ],
 )
 def test_malformed_setting_is_one_line_naming_it(setting, value, tmp_path):
@@ -43,6 +47,14 @@ def test_malformed_setting_is_one_line_naming_it(setting, value, tmp_path):
     assert len(lines) == 1, result.stderr
     assert setting in lines[0]
     assert "Traceback" not in result.stderr
+
+
+def test_a_vast_key_pasted_where_its_variable_name_belongs_is_refused_and_not_printed(tmp_path):
+    key = "3f9c2b7a1d4e8f60a5b3c7d9e1f2a4b6c8d0e2f4a6b8c0d2e4f6a8b0c2d4e6f8"
+    result = manage("check", env={"WARDEN_VAST_API_KEY_ENV": key, "WARDEN_VAR_DIR": str(tmp_path)})
+    assert result.returncode != 0
+    assert "WARDEN_VAST_API_KEY_ENV" in result.stderr and "NAME of the environment variable" in result.stderr
+    assert key not in result.stderr + result.stdout
 
 
 def test_database_password_is_not_printed(tmp_path):

@@ -39,7 +39,8 @@ def test_it_records_a_launched_instance_with_its_process(local_fleet, topics):
     assert (row.provider, row.external_id, row.status, row.pid) == ("local", p.external_id, "running", p.pid)
     assert row.worker_name == p.external_id and row.log_path == p.log_path
     assert row.started_at == p.started_at
-    assert topics == ["fleet-changed"]
+    assert row.adopted_at is not None  # launched behind Warden's back (no launch recorded it): adopted, audited
+    assert topics == ["actions-changed", "fleet-changed"]
 
 
 def test_it_records_the_exit_code_and_when_the_status_changed(local_fleet, topics):
@@ -53,7 +54,7 @@ def test_it_records_the_exit_code_and_when_the_status_changed(local_fleet, topic
 
     assert (row.status, row.exit_code) == ("exited", -9)
     assert row.status_since > before
-    assert topics == ["fleet-changed", "fleet-changed"]
+    assert topics == ["actions-changed", "fleet-changed", "fleet-changed"]  # the adoption's audit row, then two changes
 
 
 def test_an_unchanged_fleet_emits_nothing_and_costs_the_same_queries_at_any_size(local_fleet, topics):

@@ -231,6 +231,10 @@ def settings_page(request: HtmxHttpRequest) -> HttpResponse:
     else:
         form = _settings_form(state)
     ctx = _page_context(request, saved=saved, **settings_context(state, form))
+    if settings.WARDEN["PROVIDER"] == "vastai":
+        from fleet.providers.vastai import settings_view
+
+        ctx["vast"] = settings_view()
     if request.htmx:
         resp = render(
             request, "console/partials/settings_form.html", ctx, status=200 if request.method == "POST" else status

@@ -28,7 +28,11 @@ def get_provider(name: str | None = None) -> Provider:
         from fleet.providers.local import LocalProvider
 
         return LocalProvider()
-    raise ProviderError(f"unknown provider {name!r}; set WARDEN_PROVIDER=local", kind="permanent", code="config")
+    if name == "vastai":
+        from fleet.providers.vastai import VastProvider
+
+        return VastProvider()
+    raise ProviderError(f"unknown provider {name!r}; set WARDEN_PROVIDER to local, vastai or ssh", kind="permanent", code="config")
 
 
 def set_override(provider: Provider | None) -> None:
