@@ -1,0 +1,69 @@
+"""The Machine Performance tab: spend to date and in the window, caps against their use, $ per proof
+per GPU model, the chart series (an unknown demand read is a gap, not zero) and the per-instance
+table, for operators and viewers alike."""
+
+import json
+import re
+
+import pytest
+from django.utils import timezone
+
+from tests.console_support import HX
+from tests.perf_support import seed_day
+
+pytestmark = pytest.mark.django_db(databases=["default", "harmony"])
+
+
+def series(html: str) -> dict:
+    m = re.search(r'<script id="perf-series" type="application/json">(.*?)</script>', html, re.S)
+    return json.loads(m.group(1))
+
+
+def test_it_shows_spend_caps_and_a_row_per_instance(client, alice):
+    seed_day(timezone.now())
+    client.force_login(alice)
+    html = client.get("/performance/").content.decode()
+
+    # v-101: 0.5 h loading at $0.02 + 23.5 h running at $0.40; v-102: 0.25 h × 0.05 + 11.75 h × 1.60 + 8 h × 0.05;
+    # v-103 (created 40 h ago): 10 h × 0.45 + 30 h × 0.03; v-104: 6 h × 1.50 until it was killed
+    total = (0.01 + 9.4) + (0.0125 + 18.8 + 0.4) + (4.5 + 0.9) + 9.0
+    assert f'id="spend-total">${total:.2f}<' in html
+    assert 'id="burn">$0.48<' in html  # v-101 running, v-102 and v-103 stopped (storage only)
+    assert 'id="dph-cap">$2.45 / $10.00<' in html  # the budget guard counts GPU rates
+    assert 'id="inst-cap">3 / 4<' in html
+    for ext in ("v-101", "v-102", "v-103", "v-104"):
+        assert f'id="perf-{ext}"' in html
+    row = re.search(r'<tr id="perf-v-103".*?</tr>', html, re.S).group(0)
+    assert "stopped 30.0 h" in row and "past the 24 h limit" in row
+    assert "past the" not in re.search(r'<tr id="perf-v-102".*?</tr>', html, re.S).group(0)
+    assert 'class="killed"' in re.search(r'<tr id="perf-v-104"[^>]*>', html).group(0)
+
+
+def test_the_series_cover_the_window_and_unknown_is_a_gap(client, bob):
+    seed_day(timezone.now())
+    client.force_login(bob)  # a viewer sees the tab
+    s = series(client.get("/performance/?hours=24").content.decode())
+    assert len(s["proofs_hr"]) == len(s["instances"]) == 144  # every 10 min; the one exactly 24 h old is just out
+    gaps = [v for _, v in s["proofs_hr"] if v is None]
+    assert len(gaps) == 3 and [v for _, v in s["queued"] if v is None] == gaps
+    assert {v for _, v in s["target"]} == {120.0, 180.0}
+    assert all(v is not None and v >= 0 for _, v in s["dph"])
+
+    six = series(client.get("/performance/?hours=6").content.decode())
+    assert len(six["instances"]) == 36
+    assert series(client.get("/performance/?hours=nonsense").content.decode()) == s  # falls back to 24 h
+
+
+def test_an_htmx_fetch_gets_the_region_only(client, alice):
+    seed_day(timezone.now())
+    client.force_login(alice)
+    html = client.get("/performance/", headers=HX).content.decode()
+    assert "<html" not in html and 'id="perf-cards"' in html and 'id="perf-series"' in html
+
+
+def test_without_task_history_it_says_so(client, alice, settings):
+    settings.WARDEN = {**settings.WARDEN, "DEMAND_SOURCE": "http"}
+    client.force_login(alice)
+    html = client.get("/performance/").content.decode()
+    assert "Not measured: the demand source &#x27;http&#x27; has no task history" in html
+    assert "No samples in this window yet" in html
