@@ -29,7 +29,10 @@
     charts = [];
     var s = json("perf-series"), frame = json("perf-frame");
     if (!s || !frame || !window.Chart) return;
-    var days = frame.now - frame.since > 26 * 3600 * 1000;
+    var span = frame.now - frame.since, hour = 3600 * 1000;
+    var days = span > 26 * hour;
+    // round UTC hours for the ticks: 1 h over 6 h, 4 h over a day, 12 h over 3 days, a day over a week
+    var step = span <= 6 * hour ? hour : span <= 24 * hour ? 4 * hour : span <= 72 * hour ? 12 * hour : 24 * hour;
     var fg = css("--fg", "#1d1f23"), muted = css("--muted", "#6b7280"), grid = css("--line", "#d9dbe0");
     var accent = css("--accent", "#2456c7"), ok = css("--ok", "#127a3a"), warn = css("--warn", "#a15c00"), bad = css("--bad", "#b3261e");
     function make(id, datasets, opts) {
@@ -44,7 +47,12 @@
           interaction: { mode: "nearest", axis: "x", intersect: false },
           scales: {
             x: { type: "linear", min: frame.since, max: frame.now, grid: { color: grid },
-                 ticks: { color: muted, maxTicksLimit: 6, callback: function (v) {
+                 afterBuildTicks: function (scale) {  // ticks on round UTC hours, not at the window's odd start
+                   var ticks = [];
+                   for (var v = Math.ceil(frame.since / step) * step; v <= frame.now; v += step) ticks.push({ value: v });
+                   scale.ticks = ticks;
+                 },
+                 ticks: { color: muted, maxRotation: 0, callback: function (v) {
                    var iso = new Date(v).toISOString();
                    return days ? iso.slice(5, 10) + " " + iso.slice(11, 16) : iso.slice(11, 16);
                  } } },
@@ -52,7 +60,7 @@
                  ticks: { color: muted, precision: opts.precision, callback: opts.yTick } }
           },
           plugins: {
-            legend: { labels: { color: fg, boxWidth: 12 } },
+            legend: { labels: { color: fg, usePointStyle: true, pointStyle: "line", boxWidth: 24 } },
             tooltip: { callbacks: { title: function (items) {
               return items.length ? new Date(items[0].parsed.x).toISOString().slice(0, 16).replace("T", " ") + " UTC" : "";
             } } }

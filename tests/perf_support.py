@@ -4,6 +4,7 @@ fleet sample every 10 minutes, with half an hour where demand was unknown."""
 
 from datetime import timedelta
 
+from fleet.harmony import HarmonyMachine, HarmonyMachineDetails, HarmonyTaskHistory
 from fleet.models import DemandSample, FleetSample, Instance
 
 
@@ -47,3 +48,16 @@ def seed_day(now) -> dict[str, Instance]:
     DemandSample.objects.bulk_create(demand)
     FleetSample.objects.bulk_create(fleet)
     return out
+
+
+def seed_proofs(now) -> None:
+    """Curio task history on the ``harmony`` alias: v-101 (RTX 4090) proved 12 PoReps of 55–66 s,
+    v-102 (A100) 8 of 25–32 s, in the last 20 hours (machine rows name them: the worker mapping)."""
+    for ext, host, base, n in (("v-101", "10.1.0.1:12300", 55, 12), ("v-102", "10.1.0.2:12300", 25, 8)):
+        m = HarmonyMachine.objects.using("harmony").create(last_contact=now, host_and_port=host)
+        HarmonyMachineDetails.objects.using("harmony").create(machine=m, tasks="PoRep", machine_name=ext)
+        for k in range(n):
+            end = now - timedelta(hours=1 + k * 1.5)
+            HarmonyTaskHistory.objects.using("harmony").create(
+                task_id=k + 1, name="PoRep", posted=end - timedelta(minutes=5), work_start=end - timedelta(seconds=base + k),
+                work_end=end, result=True, completed_by_host_and_port=host)

@@ -9,7 +9,7 @@ import pytest
 from django.utils import timezone
 
 from tests.console_support import HX
-from tests.perf_support import seed_day
+from tests.perf_support import seed_day, seed_proofs
 
 pytestmark = pytest.mark.django_db(databases=["default", "harmony"])
 
@@ -34,8 +34,8 @@ def test_it_shows_spend_caps_and_a_row_per_instance(client, alice):
     for ext in ("v-101", "v-102", "v-103", "v-104"):
         assert f'id="perf-{ext}"' in html
     row = re.search(r'<tr id="perf-v-103".*?</tr>', html, re.S).group(0)
-    assert "stopped 30.0 h" in row and "past the 24 h limit" in row
-    assert "past the" not in re.search(r'<tr id="perf-v-102".*?</tr>', html, re.S).group(0)
+    assert "stopped 30.0 h" in row and "over the 24 h limit" in row
+    assert "over the" not in re.search(r'<tr id="perf-v-102".*?</tr>', html, re.S).group(0)
     assert 'class="killed"' in re.search(r'<tr id="perf-v-104"[^>]*>', html).group(0)
 
 
@@ -67,3 +67,15 @@ def test_without_task_history_it_says_so(client, alice, settings):
     html = client.get("/performance/").content.decode()
     assert "Not measured: the demand source &#x27;http&#x27; has no task history" in html
     assert "No samples in this window yet" in html
+
+
+def test_it_shows_dollars_per_proof_per_gpu_model(client, alice):
+    seed_day(timezone.now())
+    seed_proofs(timezone.now())
+    client.force_login(alice)
+    html = client.get("/performance/").content.decode()
+    table = re.search(r'<table class="grid" id="proof-costs">.*?</table>', html, re.S).group(0)
+    rows = re.findall(r"<tr><td>(.*?)</td>\s*<td>(\d+)</td><td>([\d.]+)</td>\s*<td>\$([\d.]+)</td>\s*<td>\$([\d.]+)</td></tr>", table)
+    # A100: median of 25..32 s = 28.5 s at $1.60/hr; RTX 4090: median of 55..66 s = 60.5 s at $0.40/hr
+    assert rows == [("RTX 4090", "12", "60.5", "0.400", f"{0.40 * 60.5 / 3600:.4f}"),
+                    ("A100", "8", "28.5", "1.600", f"{1.60 * 28.5 / 3600:.4f}")]
