@@ -18,14 +18,12 @@ from django.db import DatabaseError
 from django.db.models import DurationField, ExpressionWrapper, F
 from django.db.models.functions import Now
 
-from fleet.harmony import HARMONY_ALIAS, HarmonyMachine, HarmonyMachineDetails, HarmonyTaskHistory
+from fleet.harmony import HarmonyMachine, HarmonyMachineDetails, HarmonyTaskHistory
 
 #: the window proofs are counted over
 WINDOW = timedelta(hours=24)
 #: at most this many of the newest proofs are read
 SAMPLE = 5000
-#: the demand sources that read HarmonyDB tables (local: the demo queue speaks the same protocol)
-HARMONY_SOURCES = ("curio", "local")
 
 
 @dataclass
@@ -41,13 +39,22 @@ class GpuProofCost:
     usd_per_proof: float | None
 
 
-def proof_costs(instances, window: timedelta = WINDOW, using: str = HARMONY_ALIAS) -> tuple[list[GpuProofCost], str]:
+def proof_costs(instances, window: timedelta = WINDOW, using: str | None = None) -> tuple[list[GpuProofCost], str]:
     """(per-GPU costs, sorted cheapest first, then unmatched; error) for ``instances`` (``Instance``
-    rows, killed ones included: they proved while alive). ``error`` is '' on success and says why
-    nothing was measured otherwise (a demand source without HarmonyDB, or an unreadable table):
-    the list is then empty, never a row of zeros."""
-    if settings.WARDEN.get("DEMAND_SOURCE") not in HARMONY_SOURCES:
-        return [], f"the demand source {settings.WARDEN.get('DEMAND_SOURCE')!r} has no task history"
+    rows, killed ones included: they proved while alive), read from the active demand source's
+    HarmonyDB (``fleet.demand.get_source()``; ``using`` overrides its alias). ``error`` is '' on
+    success and says why nothing was measured otherwise (a demand source without HarmonyDB, or an
+    unreadable table): the list is then empty, never a row of zeros."""
+    from fleet.demand import DemandError, get_source
+    from fleet.demand.curio import HarmonyDemandSource
+
+    try:
+        source = get_source()
+    except DemandError as exc:
+        return [], str(exc)
+    if not isinstance(source, HarmonyDemandSource):
+        return [], f"the demand source in use ({type(source).__name__}) has no task history"
+    using = source.using if using is None else using
     names = list(settings.WARDEN["TASK_NAMES"])
     try:
         spans = list(

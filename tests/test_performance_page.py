@@ -4,6 +4,7 @@ table, for operators and viewers alike."""
 
 import json
 import re
+from datetime import timedelta
 
 import pytest
 from django.utils import timezone
@@ -61,11 +62,13 @@ def test_an_htmx_fetch_gets_the_region_only(client, alice):
     assert "<html" not in html and 'id="perf-cards"' in html and 'id="perf-series"' in html
 
 
-def test_without_task_history_it_says_so(client, alice, settings):
-    settings.WARDEN = {**settings.WARDEN, "DEMAND_SOURCE": "http"}
+def test_without_task_history_it_says_so(client, alice):
+    from tests.scenario_world import scenario_world
+
     client.force_login(alice)
-    html = client.get("/performance/").content.decode()
-    assert "Not measured: the demand source &#x27;http&#x27; has no task history" in html
+    with scenario_world([], {"state": "ok", "queued": 0}):  # a demand source without HarmonyDB
+        html = client.get("/performance/").content.decode()
+    assert "Not measured: the demand source in use (ScenarioDemandSource) has no task history" in html
     assert "No samples in this window yet" in html
 
 
@@ -79,3 +82,25 @@ def test_it_shows_dollars_per_proof_per_gpu_model(client, alice):
     # A100: median of 25..32 s = 28.5 s at $1.60/hr; RTX 4090: median of 55..66 s = 60.5 s at $0.40/hr
     assert rows == [("RTX 4090", "12", "60.5", "0.400", f"{0.40 * 60.5 / 3600:.4f}"),
                     ("A100", "8", "28.5", "1.600", f"{1.60 * 28.5 / 3600:.4f}")]
+
+
+def test_its_query_count_does_not_grow_with_the_fleet(client, alice):
+    from django.db import connections
+    from django.test.utils import CaptureQueriesContext
+
+    from tests.perf_support import _instance
+
+    now = timezone.now()
+    seed_day(now)
+    client.force_login(alice)
+
+    def queries() -> int:
+        with CaptureQueriesContext(connections["default"]) as d, CaptureQueriesContext(connections["harmony"]) as h:
+            assert client.get("/performance/").status_code == 200
+        return len(d) + len(h)
+
+    queries()  # the first request also sets up what later ones reuse
+    before = queries()
+    for n in range(20):
+        _instance(f"w-{n}", "L40S", 0.9, 0.02, now - timedelta(hours=5), [(now - timedelta(hours=5), "running")])
+    assert queries() == before

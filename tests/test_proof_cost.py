@@ -54,8 +54,14 @@ def test_each_gpu_model_costs_its_rate_times_its_median_proof_time(curio):  # no
     assert costs[2].usd_per_proof is None
 
 
-def test_nothing_measured_is_said_not_zero(curio, settings):  # noqa: F811
+def test_nothing_measured_is_said_not_zero(curio):  # noqa: F811
+    from fleet import demand
+    from fleet.demand.scenario import ScenarioDemandSource
+
     assert proof_costs([]) == ([], "")
-    settings.WARDEN = {**settings.WARDEN, "DEMAND_SOURCE": "http"}
-    costs, error = proof_costs([])
-    assert costs == [] and "no task history" in error
+    demand.set_override(ScenarioDemandSource({"state": "ok", "queued": 0}, []))  # a source without task history
+    try:
+        costs, error = proof_costs([])
+    finally:
+        demand.set_override(None)
+    assert costs == [] and error == "the demand source in use (ScenarioDemandSource) has no task history"
