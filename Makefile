@@ -10,7 +10,7 @@ TEST_DATABASE_URL := $(or $(DATABASE_URL),postgres://postgres@127.0.0.1:5432/war
 TEST_HARMONY_DATABASE_URL := $(or $(HARMONY_DATABASE_URL),postgres://postgres@127.0.0.1:5432/warden_harmony)
 TEST_REDIS_URL := $(or $(REDIS_URL),redis://127.0.0.1:6379/0)
 
-.PHONY: run test test-slow venv venv-dev bootstrap stop lint
+.PHONY: run test test-slow venv venv-dev bootstrap stop lint vendor
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -48,3 +48,13 @@ stop: venv
 
 lint: venv-dev
 	$(BIN)/ruff check .
+
+# The browser libraries, pinned in package.json/package-lock.json, copied from the npm registry's
+# packages into the tree (committed: nothing is fetched at run time or from a CDN). Needs npm.
+vendor:
+	npm ci --ignore-scripts --no-audit --no-fund
+	mkdir -p static/vendor tests/vendor
+	cp node_modules/chart.js/dist/chart.umd.min.js static/vendor/chart.umd.min.js
+	cp node_modules/chart.js/LICENSE.md static/vendor/chart.js.LICENSE.md
+	cp node_modules/axe-core/axe.min.js tests/vendor/axe.min.js
+	cp node_modules/axe-core/LICENSE tests/vendor/axe-core.LICENSE

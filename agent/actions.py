@@ -433,6 +433,7 @@ LIMIT_RANGES = {
     "rejection_hold_min": ("float", 0, 1_000_000),
     "starve_min": ("float", 0, 1_000_000),
     "destroy_confirm_min": ("float", 1, 10_080),
+    "stopped_destroy_h": ("float", 1, 100_000),
     "startup_grace_s": ("int", 0, 3600),
     "max_steps": ("int", 1, 100),
     "same_error": ("int", 1, 20),

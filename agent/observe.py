@@ -213,7 +213,7 @@ def read_and_record_demand(instances) -> DemandReading:
 
 def observe(limits: Limits, policy: dict) -> World:
     """Settle doubtful side-effect claims (``agent.claims.settle_claims``), read the fleet (with
-    retries) and demand; returns the cycle's :class:`World`."""
+    retries) and demand, record a ``FleetSample``; returns the cycle's :class:`World`."""
     from agent.claims import settle_claims
     from fleet.sync import sync_instances
 
@@ -238,6 +238,9 @@ def observe(limits: Limits, policy: dict) -> World:
     world = World(instances, demand, limits, policy)
     world.provider_error = provider_error
     lifecycle_alerts(world)
+    from fleet.cost import record_fleet_sample
+
+    record_fleet_sample(world.instances, limits.target_proofs_hr)  # the Machine Performance charts
     return world
 
 

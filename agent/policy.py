@@ -65,6 +65,9 @@ DEFAULT_LIMITS = {
     "starve_min": 30,  # with work queued and no live worker, a launch pending this long stops blocking
     "destroy_confirm_min": 15,  # a destroy still listed this long is destroy_unconfirmed (sent again)
     "launch_rate": [6, 600],  # at most N launches per S seconds (rate_limited)
+    # a stopped instance still pays for its disk (vastai.md §2.4): stopped longer than this, the rules
+    # planner proposes destroying it (destroy_instance's policy: approval by default)
+    "stopped_destroy_h": 24,
 }
 
 

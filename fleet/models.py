@@ -24,7 +24,11 @@ class Instance(models.Model):
     ``status`` is what the provider last reported (vast ``actual_status`` terms: created, loading,
     running, stopped, exited, error, unknown, offline); ``intended_status`` what we asked for.
     ``killed_at`` set means the instance is gone (destroyed or vanished) and kept for history.
-    ``dph`` is dollars per hour. ``cordoned`` is Warden's record of an operator's cordon: it is
+    ``dph`` is dollars per hour while the GPU is billed (vast ``dph_total``: running, frozen,
+    rebooting); ``storage_dph`` dollars per hour for the disk alone, what a stopped (or still
+    loading) instance pays (vastai.md §2.4: "Storage charges begin at creation. GPU charges begin
+    when status reaches running"; 0 where the provider charges nothing, e.g. local and owned hosts).
+    Spend is accounted by ``fleet.cost`` from the :class:`StatusChange` rows. ``cordoned`` is Warden's record of an operator's cordon: it is
     re-applied to the worker after a reboot, a resume or a re-registration (issue 11 §1.8).
     """
 
@@ -37,6 +41,7 @@ class Instance(models.Model):
     status_msg = models.TextField(blank=True)
     status_since = models.DateTimeField()
     dph = models.FloatField(default=0.0)
+    storage_dph = models.FloatField(default=0.0)
     ssh_host = models.CharField(max_length=255, blank=True)
     ssh_port = models.PositiveIntegerField(null=True, blank=True)
     # local provider: the worker process
@@ -178,3 +183,39 @@ class Alert(models.Model):
     def is_silenced(self, now) -> bool:
         """True while a silence covers this alert at ``now`` (an aware datetime)."""
         return self.silenced_until is not None and self.silenced_until > now
+
+class StatusChange(models.Model):
+    """From ``at`` on, ``instance`` was in ``status``, billed ``dph`` (GPU states) or ``storage_dph``
+    (every other state until killed), both in dollars per hour.
+
+    Written by ``fleet.cost`` whenever an ``Instance`` row is saved with a new status or new rates
+    (a ``post_save`` receiver, so every writer is covered); ``at`` is the row's ``status_since``.
+    """
+
+    instance = models.ForeignKey(Instance, on_delete=models.CASCADE, related_name="status_changes")
+    at = models.DateTimeField()
+    status = models.CharField(max_length=20)
+    dph = models.FloatField(default=0.0)
+    storage_dph = models.FloatField(default=0.0)
+
+    class Meta:
+        ordering = ["instance_id", "at", "id"]
+        indexes = [models.Index(fields=["instance", "at"])]
+
+
+class FleetSample(models.Model):
+    """The fleet as one cycle saw it, for the Machine Performance charts.
+
+    ``instances``: non-killed instances; ``running``: those with provider status ``running``;
+    ``dph``: what the fleet costs per hour at that moment (``fleet.cost.fleet_dph``: GPU rate for
+    GPU-billed states, storage rate for the rest); ``target_proofs_hr``: the objective then.
+    """
+
+    taken_at = models.DateTimeField(db_index=True)
+    instances = models.IntegerField()
+    running = models.IntegerField()
+    dph = models.FloatField()
+    target_proofs_hr = models.FloatField(null=True)
+
+    class Meta:
+        ordering = ["-taken_at"]

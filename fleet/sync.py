@@ -32,6 +32,7 @@ _COPIED = [
     "status_msg",
     "gpu_name",
     "dph",
+    "storage_dph",
     "ssh_host",
     "ssh_port",
     "pid",

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.django_db(databases=["default", "harmony"])
 #: not side-effect routes: pages that only read (tests/test_roles.py checks who sees them), the health
 #: check, and Django's sign-in/sign-out views (the admin is an include, not a pattern here)
 NOT_ACTIONS = {"dashboard", "fleet", "runs", "run", "export_scenario", "instance_timeline", "approvals", "alerts", "actions", "instance", "traces", "users",
-            "memory", "healthz", "login", "logout"}
+            "memory", "performance", "healthz", "login", "logout"}
 
 
 def routes(approval_pk: int, alert_pk: int, user_pk: int) -> dict[str, tuple[str, dict, str]]:

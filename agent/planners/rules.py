@@ -13,7 +13,9 @@ Policy (autoscalers.md §1.7; seed 002):
 4. Retire idle workers only when demand is ``ok``, nothing is queued, in the backlog or running, no expected
    worker is dead, the queue has been empty for the dwell and no launch happened within the
    hold-off; diagnose each first, then stop those diagnosed healthy (they own no tasks). A stopped
-   instance is resumed before a new one is rented when work comes back (rule 1).
+   instance is resumed before a new one is rented when work comes back (rule 1). Under the same
+   conditions an instance stopped longer than ``stopped_destroy_h`` (it still pays for its disk)
+   is diagnosed, then proposed for destruction (``destroy_instance``: approval by default).
 5. Never retire while demand is unknown or stale.
 It proposes; the guards, policy and approvals still decide (nothing here bypasses them).
 """
@@ -127,16 +129,39 @@ class RulesPlanner(Planner):
         """Proofs/hr one worker delivers (:func:`per_worker_rate`)."""
         return per_worker_rate(demand)
 
-    def _retire_candidates(self, world) -> list:
+    @staticmethod
+    def _idle(world) -> bool:
+        """Rule 4's conditions: demand ok, nothing queued, in the backlog or running, no expected
+        worker dead, the queue empty past the dwell and no launch within the hold-off."""
         d, lim, now = world.demand, world.limits, clock.now()
         if d.state != "ok" or d.queued != 0 or d.running != 0 or d.workers_dead != 0:
-            return []  # unknown counts (None) are never read as zero
+            return False  # unknown counts (None) are never read as zero
         if d.backlog or "backlog" in d.unreadable:
-            return []  # work waits in Curio's pipeline (or may): backlog is demand
+            return False  # work waits in Curio's pipeline (or may): backlog is demand
         if d.idle_since is None or now - d.idle_since < timedelta(minutes=lim.dwell_min):
-            return []
+            return False
         last = last_launch_at(world)
-        if last is not None and now - last < timedelta(minutes=lim.hold_off_min):
+        return last is None or now - last >= timedelta(minutes=lim.hold_off_min)
+
+    def _long_stopped(self, world) -> list:
+        """Instances stopped longer than ``stopped_destroy_h`` while the fleet is idle (:meth:`_idle`),
+        not owned hosts, not being destroyed, with no destroy waiting for an operator and no
+        rejection of one that still stands (``rejected_recently``)."""
+        if not self._idle(world):
+            return []
+        from agent.models import Approval
+
+        limit = timedelta(hours=world.limits.stopped_destroy_h)
+        waiting = {(a.args or {}).get("instance_id") for a in Approval.objects.filter(status="waiting", tool="destroy_instance")}
+        return [
+            i for i in world.instances
+            if i.killed_at is None and not i.is_owned_host and i.destroy_requested_at is None and i.status == "stopped"
+            and clock.now() - i.status_since > limit and i.external_id not in waiting
+            and recent_rejection("destroy_instance", i.external_id, world) is None
+        ]
+
+    def _retire_candidates(self, world) -> list:
+        if not self._idle(world):
             return []
         out = []
         for inst in world.instances:
@@ -174,7 +199,7 @@ class RulesPlanner(Planner):
             w = world.worker_for(inst)
             if inst.status == "running" and w is not None and not w.live and not w.unschedulable and world.fresh_diagnosis(inst) is None:
                 calls.append(Proposal("diagnose_instance", {"instance_id": inst.external_id}))
-        for inst in self._retire_candidates(world):
+        for inst in [*self._retire_candidates(world), *self._long_stopped(world)]:
             if world.fresh_diagnosis(inst) is None:
                 calls.append(Proposal("diagnose_instance", {"instance_id": inst.external_id}))
         seen, unique = set(), []
@@ -229,6 +254,14 @@ class RulesPlanner(Planner):
                 calls.append(Proposal("stop_instance", {
                     "instance_id": inst.external_id,
                     "reason": f"idle: queue empty past the {world.limits.dwell_min:g} min dwell; diagnosed healthy",
+                }))
+        for inst in self._long_stopped(world):
+            if world.fresh_diagnosis(inst) is not None:  # the reason stays the same cycle to cycle (duplicate)
+                calls.append(Proposal("destroy_instance", {
+                    "instance_id": inst.external_id,
+                    "reason": f"idle: stopped since {inst.status_since:%Y-%m-%d %H:%M} UTC, past the "
+                              f"{world.limits.stopped_destroy_h:g} h limit; it still pays "
+                              f"${inst.storage_dph:.3f}/hr for its disk",
                 }))
         calls = allowed(calls, world)
         return Turn(calls=calls, batch=len(calls) > 1)

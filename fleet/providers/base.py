@@ -50,6 +50,8 @@ class ProviderInstance:
     status_msg: str = ""
     gpu_name: str = ""
     dph: float = 0.0
+    #: $/hr the disk costs alone (what a stopped instance still pays; vast: disk GB × storage price)
+    storage_dph: float = 0.0
     label: str = ""
     ssh_host: str = ""
     ssh_port: int | None = None
