@@ -320,3 +320,20 @@ def test_the_deprecated_v0_list_answers_410_and_warden_never_asks_it(vast):
     vast.add("warden-a")
     VastProvider().list_instances()
     assert [p for m, p, _, _ in vast.requests if m == "GET"] == ["/api/v1/instances/"]
+
+
+def test_a_listed_instance_carries_its_disk_price_per_hour(vast):
+    """Stopped vast instances still pay for their disk: storage_cost ($/GB/month) × disk_space / 730 h."""
+    vast.add("warden-disk")
+
+    (listed,) = VastProvider().list_instances()
+
+    assert listed.storage_dph == pytest.approx(0.15 * 40.0 / 730.0)
+
+
+@pytest.mark.parametrize("row", [{}, {"storage_cost": "n/a", "disk_space": 40}, {"storage_cost": float("nan"), "disk_space": 40},
+                                 {"storage_cost": 0.2}, {"storage_cost": -1, "disk_space": 40}])
+def test_a_missing_or_bad_disk_price_counts_as_zero(row):
+    from fleet.providers.vastai import storage_dph
+
+    assert storage_dph(row) == 0.0

@@ -124,7 +124,7 @@ class VastServer:
             "status_msg": "success, running warden/curio-worker" if status == "running" else "",
             "label": label, "gpu_name": offer["gpu_name"], "num_gpus": 1, "dph_total": offer["dph_total"],
             "ssh_host": self.ssh[0], "ssh_port": self.ssh[1], "public_ipaddr": "127.0.0.1",
-            "start_date": time.time(), "extra_env": [], "image_uuid": "", "disk_space": 40.0,
+            "start_date": time.time(), "extra_env": [], "image_uuid": "", "disk_space": 40.0, "storage_cost": 0.15,
             "cuda_max_good": offer["cuda_max_good"], "reliability2": offer["reliability"],
         }
 

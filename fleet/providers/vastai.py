@@ -134,6 +134,21 @@ def _dt(value) -> datetime | None:
         return None
 
 
+#: hours in an average month (8,760 / 12): vast prices storage in $ per GB per month
+HOURS_PER_MONTH = 730.0
+
+
+def storage_dph(row: dict) -> float:
+    """What the instance's disk costs per hour, in dollars: ``storage_cost`` ($/GB/month, as the
+    ``vastai`` package documents it) × ``disk_space`` (GB) / 730 h. Billed from creation, and the
+    only charge while stopped (vast's docs). 0.0 when either field is missing or not a number."""
+    try:
+        value = float(row.get("storage_cost") or 0.0) * float(row.get("disk_space") or 0.0) / HOURS_PER_MONTH
+    except (TypeError, ValueError):
+        return 0.0
+    return value if value > 0 and value != float("inf") else 0.0
+
+
 def to_instance(row: dict) -> ProviderInstance:
     """A vast instance row (v1 list or v0 show) as a :class:`ProviderInstance`.
 
@@ -153,6 +168,7 @@ def to_instance(row: dict) -> ProviderInstance:
         dph = 0.0
     label = str(row.get("label") or "").strip()
     return ProviderInstance(
+        storage_dph=storage_dph(row),
         external_id=str(row["id"]),
         status=status,
         intended_status=intended,
