@@ -1,0 +1,176 @@
+"""The run lifecycle: lock, claim, turn context, close — shared by every kind of cycle.
+
+``agent.loop`` (the planner's cycle and resumes) and ``agent.monitor_runner`` (the monitor's own
+tick) both go through these functions, so neither imports the other's internals (issue 12 §3)::
+
+    acquire_lock() → claim_run(trigger) → turn_context(run, world, …) → … → close_run(run)
+                                                                          (fail_run on error)
+    release_lock(token)
+
+The lock is the single-flight guarantee (seed 002: "prevents parallel runs entirely"): one row
+(``SessionState`` pk=1) taken with a conditional UPDATE, with an expiry so a crashed run cannot
+wedge the agent.
+"""
+
+import logging
+import secrets
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from django.db import transaction
+
+from agent.breakers import BreakerState, Halt
+from agent.models import Run, SessionState, Step
+from agent.report import entailment_flags, final_report
+from fleet.clock import clock
+from fleet.events import emit
+from fleet.secrets import redact
+
+log = logging.getLogger(__name__)
+
+
+# --- the run lock ------------------------------------------------------------------------------
+def acquire_lock(ttl_s: float | None = None) -> str | None:
+    """Take the run lock (a conditional UPDATE on the anchor); ``None`` if another run holds it.
+
+    The lock records its holder (``agent.claims.worker_identity``). It is free when released,
+    past its expiry (``ttl_s``, WARDEN_RUN_LOCK_TTL_S), or as soon as its holder is known dead
+    (a SIGKILLed worker on this host: issue 11 §1.1) — then taken over with a conditional UPDATE
+    on the dead holder's token, so two takers cannot both win.
+    """
+    from django.conf import settings
+    from django.db.models import Q
+
+    from agent.claims import worker_alive, worker_identity
+
+    SessionState.get()
+    ttl_s = ttl_s or settings.WARDEN["RUN_LOCK_TTL_S"]
+    now = clock.now()
+    token = secrets.token_hex(16)
+    mine = dict(lock_token=token, lock_expires_at=now + timedelta(seconds=ttl_s), lock_holder=worker_identity())
+    n = SessionState.objects.filter(pk=1).filter(
+        Q(lock_token="") | Q(lock_expires_at__lt=now) | Q(lock_expires_at__isnull=True)
+    ).update(**mine)
+    if n == 1:
+        return token
+    held, holder = SessionState.objects.filter(pk=1).values_list("lock_token", "lock_holder").get()
+    if held and holder and worker_alive(holder) is False:
+        if SessionState.objects.filter(pk=1, lock_token=held).update(**mine) == 1:
+            log.warning("run lock taken over from a dead holder (%s)", holder)
+            _fail_orphans(holder)
+            return token
+    return None
+
+
+def _fail_orphans(holder: str) -> None:
+    """Runs left ``running`` by the lock's dead holder end ``failed``, saying so (only the lock's
+    holder runs a cycle, so every ``running`` run was its). A call it left claimed is settled
+    against the provider by the next observe (``agent.claims``)."""
+    pid = holder.split("|")[1] if holder.count("|") == 2 else holder
+    for run in Run.objects.filter(status="running"):
+        fail_run(run, RuntimeError(f"its worker process (pid {pid}) died mid-run; the next cycle re-observes"))
+
+
+def release_lock(token: str) -> None:
+    """Free the run lock if ``token`` still holds it (a lock taken over meanwhile stays its taker's)."""
+    SessionState.objects.filter(pk=1, lock_token=token).update(lock_token="", lock_expires_at=None, lock_holder="")
+
+
+# --- the turn context ------------------------------------------------------------------------
+@dataclass
+class TurnContext:
+    """What the planner and the pipeline share during one run."""
+
+    run: Run
+    world: object  # agent.observe.World
+    limits: object
+    breakers: BreakerState
+    actor: str = "agent"
+    message: str = ""
+    turn_index: int = 0
+    observe_only: bool = False
+    _seq: int = 0
+    extra: dict = field(default_factory=dict)
+
+    def new_step(self, **fields) -> Step:
+        self._seq += 1
+        return Step.objects.create(run=self.run, seq=self._seq, created_at=clock.now(), actor=fields.pop("actor", self.actor), **fields)
+
+    def call_steps(self) -> list[Step]:
+        return list(self.run.steps.filter(kind="call").order_by("seq"))
+
+    def after_error(self, step: Step) -> Halt | None:
+        from agent.tools import TOOLS
+
+        self.breakers.record_call(step)
+        spec = TOOLS.get(step.tool)
+        return self.breakers.after_error(step.tool, bool(spec and spec.fallback))
+
+    def cancel_requested(self) -> bool:
+        return Run.objects.filter(pk=self.run.pk, cancel_requested=True).exists()
+
+
+def turn_context(run: Run, world, limits, state: SessionState) -> TurnContext:
+    """The :class:`TurnContext` of ``run``: its breakers, first message and last step number."""
+    breakers = BreakerState.load(run, limits)
+    last = run.steps.order_by("-seq").first()
+    message = run.steps.filter(kind="message").order_by("seq").values_list("text", flat=True).first() or ""
+    tc = TurnContext(run=run, world=world, limits=limits, breakers=breakers, message=message,
+                     turn_index=breakers.turns, observe_only=state.observe_only)
+    tc._seq = last.seq if last else 0
+    return tc
+
+
+def claim_run(trigger: str, planner) -> Run:
+    """The oldest queued run (a chat message waiting), else a new run numbered from the anchor."""
+    name = getattr(planner, "name", "rules")
+    with transaction.atomic():
+        queued = Run.objects.select_for_update().filter(status="queued").order_by("number").first()
+        if queued is not None:
+            queued.status, queued.planner, queued.started_at = "running", name, clock.now()
+            queued.save(update_fields=["status", "planner", "started_at"])
+            run = queued
+        else:
+            state = SessionState.objects.select_for_update().get(pk=SessionState.get().pk)
+            run = Run.objects.create(number=state.next_run_id, epoch=state.epoch, trigger=trigger, planner=name,
+                                     status="running", started_at=clock.now())
+            state.next_run_id += 1
+            state.save(update_fields=["next_run_id", "updated_at"])
+    emit("runs-changed")
+    return run
+
+
+def close_run(run: Run) -> None:
+    """Write the honest report (and entailment flags), end time, and announce.
+
+    A run whose planner finished while calls of the monitor still wait for an operator stays
+    ``parked`` (so the decision is dispatched like any approved call) but gets its end time:
+    :func:`agent.loop.resume_run` then dispatches and closes it without asking the planner again.
+    """
+    if run.status == "done" and run.approvals.filter(status="waiting").exists():
+        run.status = "parked"
+        run.ended_at = clock.now()
+    elif run.status != "parked":
+        run.ended_at = clock.now()
+    run.final_report = final_report(run)
+    run.entailment_flags = entailment_flags(run)
+    run.save()
+    if run.status != "parked":
+        from agent.memory import after_run
+
+        try:
+            after_run(run)
+        except Exception:  # noqa: BLE001 — memory upkeep never fails the run it follows
+            log.exception("memory upkeep after run %s failed", run.number)
+    emit("runs-changed", "chat-changed", "fleet-changed")
+
+
+def fail_run(run: Run, exc: Exception) -> None:
+    """End ``run`` ``failed`` with ``exc`` (redacted) as its detail, and its report."""
+    log.exception("run %s failed", run.number)
+    run.status = "failed"
+    run.halt_detail = redact(f"{type(exc).__name__}: {exc}")[:2000]
+    run.ended_at = clock.now()
+    run.final_report = final_report(run)
+    run.save()
+    emit("runs-changed")
