@@ -13,11 +13,13 @@ Every step is persisted as it happens.
 
 import logging
 
+from agent import triggers
 from agent.models import Approval, Run, SessionState, Step
 from agent.observe import observe, void_gone_approvals
 from agent.planners.base import has_verdict_block, parse_verdict
 from agent.policy import effective_limits, effective_policy
 from agent.runs import (
+    RunBusy,
     TurnContext,
     acquire_lock,
     claim_run,
@@ -49,12 +51,18 @@ def default_planner():
 
 
 # --- entry points ----------------------------------------------------------------------------
-def run_cycle(trigger: str, *, message: str | None = None, actor: str = "system", planner=None) -> Run | None:
+def run_cycle(trigger: str, *, message: str | None = None, actor: str = "system", planner=None,
+              events: str | None = None) -> Run | None:
     """Run one observe cycle. Returns the run, or ``None`` when another run holds the lock.
 
     A chat message waiting in a ``queued`` run is picked up here (oldest first); ``message``
-    creates such a run first. Exceptions outside tools mark the run ``failed`` (with a report)
-    and are re-raised after the lock is released.
+    creates such a run first. ``events="take"`` (the Celery tasks) takes the waiting trigger events
+    (``agent.triggers.drain``) once the lock is held and before the observe phase, and records them
+    on the run (``trigger="event"`` names the run after the first of them); ``events="need"`` also
+    runs nothing when there are none and no run is queued (an earlier run took them), returning
+    ``None``. ``events=None`` (tests, replay) leaves them alone. Exceptions
+    outside tools mark the run ``failed`` (with a report) and are re-raised after the lock is
+    released.
     """
     if message:
         from agent.actions import do_post_message
@@ -65,9 +73,17 @@ def run_cycle(trigger: str, *, message: str | None = None, actor: str = "system"
         log.info("observe cycle (%s) skipped: another run holds the lock", trigger)
         return None
     try:
+        taken = triggers.drain() if events else []
+        if events == "need" and not taken and not Run.objects.filter(status="queued").exists():
+            return None
         for parked in expire_approvals():
             _settle_expired(parked)
-        run = claim_run(trigger, planner)
+        try:
+            run = claim_run(trigger, planner, taken)
+        except RunBusy:
+            log.warning("observe cycle (%s) skipped: another run is still running", trigger)
+            triggers.put_back(taken)
+            return None
         state = SessionState.get()
         limits, policy = effective_limits(state), effective_policy(state)
         world = observe(limits, policy)

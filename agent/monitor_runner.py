@@ -14,7 +14,7 @@ from agent.guards import check as guard_check
 from agent.lifecycle import forced_approval
 from agent.pipeline import Decision, _finish, execute, idempotency_key, park, run_injected
 from agent.policy import policy_for
-from agent.runs import acquire_lock, claim_run, close_run, release_lock, turn_context
+from agent.runs import RunBusy, acquire_lock, claim_run, close_run, release_lock, turn_context
 from agent.tools import TOOLS
 from fleet.alerts import raise_alert
 from fleet.monitor import decide
@@ -86,7 +86,10 @@ def monitor_tick() -> int | None:
         world = observe(limits, policy)
         if not monitor_actions(world):
             return None
-        run = claim_run("monitor", None)
+        try:
+            run = claim_run("monitor", None)
+        except RunBusy:  # another run is still running: the next tick acts
+            return None
         run.planner = "monitor"
         tc = turn_context(run, world, limits, state)
         run_monitor(tc)

@@ -14,10 +14,11 @@ wedge the agent.
 
 import logging
 import secrets
+import threading
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 
 from agent.breakers import BreakerState, Halt
 from agent.models import Run, SessionState, Step
@@ -27,6 +28,16 @@ from fleet.events import emit
 from fleet.secrets import redact
 
 log = logging.getLogger(__name__)
+_held = threading.local()  # the lock token this thread holds, if any
+
+
+class RunBusy(Exception):
+    """Another run is ``running`` (the database's ``one_running_run`` constraint said no)."""
+
+
+def lock_held_here() -> bool:
+    """True while this thread holds the run lock (events it raises are its own run's doing)."""
+    return bool(getattr(_held, "token", None))
 
 
 # --- the run lock ------------------------------------------------------------------------------
@@ -52,12 +63,14 @@ def acquire_lock(ttl_s: float | None = None) -> str | None:
         Q(lock_token="") | Q(lock_expires_at__lt=now) | Q(lock_expires_at__isnull=True)
     ).update(**mine)
     if n == 1:
+        _held.token = token
         return token
     held, holder = SessionState.objects.filter(pk=1).values_list("lock_token", "lock_holder").get()
     if held and holder and worker_alive(holder) is False:
         if SessionState.objects.filter(pk=1, lock_token=held).update(**mine) == 1:
             log.warning("run lock taken over from a dead holder (%s)", holder)
             _fail_orphans(holder)
+            _held.token = token
             return token
     return None
 
@@ -73,6 +86,8 @@ def _fail_orphans(holder: str) -> None:
 
 def release_lock(token: str) -> None:
     """Free the run lock if ``token`` still holds it (a lock taken over meanwhile stays its taker's)."""
+    if getattr(_held, "token", None) == token:
+        _held.token = None
     SessionState.objects.filter(pk=1, lock_token=token).update(lock_token="", lock_expires_at=None, lock_holder="")
 
 
@@ -121,21 +136,35 @@ def turn_context(run: Run, world, limits, state: SessionState) -> TurnContext:
     return tc
 
 
-def claim_run(trigger: str, planner) -> Run:
-    """The oldest queued run (a chat message waiting), else a new run numbered from the anchor."""
+def claim_run(trigger: str, planner, events: list[dict] | None = None) -> Run:
+    """The oldest queued run (a chat message waiting), else a new run numbered from the anchor.
+
+    ``events`` (``agent.triggers.drain``) are recorded on the run as ``trigger_events``; a new
+    run's ``trigger`` is then the first event's kind. Raises :class:`RunBusy` when another run is
+    still ``running`` (the database constraint ``one_running_run``, the lock's second net).
+    """
     name = getattr(planner, "name", "rules")
-    with transaction.atomic():
-        queued = Run.objects.select_for_update().filter(status="queued").order_by("number").first()
-        if queued is not None:
-            queued.status, queued.planner, queued.started_at = "running", name, clock.now()
-            queued.save(update_fields=["status", "planner", "started_at"])
-            run = queued
-        else:
-            state = SessionState.objects.select_for_update().get(pk=SessionState.get().pk)
-            run = Run.objects.create(number=state.next_run_id, epoch=state.epoch, trigger=trigger, planner=name,
-                                     status="running", started_at=clock.now())
-            state.next_run_id += 1
-            state.save(update_fields=["next_run_id", "updated_at"])
+    events = events or []
+    if events and trigger == "event":
+        trigger = events[0]["kind"]
+    try:
+        with transaction.atomic():
+            queued = Run.objects.select_for_update().filter(status="queued").order_by("number").first()
+            if queued is not None:
+                queued.status, queued.planner, queued.started_at = "running", name, clock.now()
+                queued.trigger_events = events
+                queued.save(update_fields=["status", "planner", "started_at", "trigger_events"])
+                run = queued
+            else:
+                state = SessionState.objects.select_for_update().get(pk=SessionState.get().pk)
+                run = Run.objects.create(number=state.next_run_id, epoch=state.epoch, trigger=trigger, planner=name,
+                                         status="running", started_at=clock.now(), trigger_events=events)
+                state.next_run_id += 1
+                state.save(update_fields=["next_run_id", "updated_at"])
+    except IntegrityError as exc:
+        if "one_running_run" not in str(exc):
+            raise
+        raise RunBusy("another run is still running (constraint one_running_run)") from exc
     emit("runs-changed")
     return run
 

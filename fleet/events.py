@@ -5,6 +5,8 @@ console (``console.broadcast``) listens and pushes the topic names to every open
 the websocket, where each region re-fetches its own partial. Lower layers never import the
 console (dependency direction console → agent → fleet).
 
+Trigger events (:func:`trigger`) go to the agent the same way, on :data:`happened`.
+
 Topics: fleet-changed, demand-changed, runs-changed, chat-changed, approvals-changed,
 alerts-changed, actions-changed, settings-changed, users-changed (superusers' sockets only:
 ``console.consumers.ROLE_TOPICS``).
@@ -16,8 +18,19 @@ from django.dispatch import Signal
 #: sent with ``topics=[...]`` after commit
 changed = Signal()
 
+#: sent with ``kind=..., detail=...`` after commit: something happened that should start an agent
+#: run (``agent.triggers`` listens; the fleet never imports the agent)
+happened = Signal()
+
 
 def emit(*topics: str) -> None:
     """Announce ``topics`` once the current transaction commits (at once outside one)."""
     topics = tuple(dict.fromkeys(topics))
     transaction.on_commit(lambda: changed.send(sender=None, topics=list(topics)))
+
+
+def trigger(kind: str, detail: str = "") -> None:
+    """Announce a trigger event ``kind`` (``agent.triggers.PRIORITY`` names them) once the current
+    transaction commits (at once outside one). ``detail`` is a short human text ("i-3 running →
+    exited"). A listener's failure is logged, never raised: the Celery beat is the backup."""
+    transaction.on_commit(lambda: happened.send_robust(sender=None, kind=kind, detail=detail))
