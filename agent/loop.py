@@ -87,6 +87,8 @@ def run_cycle(trigger: str, *, message: str | None = None, actor: str = "system"
         state = SessionState.get()
         limits, policy = effective_limits(state), effective_policy(state)
         world = observe(limits, policy)
+        if events:  # a live cycle (not a replay): this run saw the demand; later edges compare with it
+            triggers.note_demand(world.demand, fire_events=False)
         tc = turn_context(run, world, limits, state)
         tc.new_step(kind="observe", actor="system", text="observation", observation=redact(_json(world.summary())))
         _run_monitor(tc)

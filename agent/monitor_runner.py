@@ -73,17 +73,19 @@ def monitor_tick() -> int | None:
 
     Returns the run number, or ``None`` when there was nothing to do or the lock was held.
     """
+    from agent import triggers
     from agent.models import SessionState
     from agent.observe import observe
     from agent.policy import effective_limits, effective_policy
 
-    token = acquire_lock()
+    token = acquire_lock(sees_events=False)  # what its observe finds starts a planner run after it
     if token is None:
         return None
     try:
         state = SessionState.get()
         limits, policy = effective_limits(state), effective_policy(state)
         world = observe(limits, policy)
+        triggers.note_demand(world.demand)
         if not monitor_actions(world):
             return None
         try:

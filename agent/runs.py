@@ -36,18 +36,20 @@ class RunBusy(Exception):
 
 
 def lock_held_here() -> bool:
-    """True while this thread holds the run lock (events it raises are its own run's doing)."""
+    """True while this thread holds the run lock for a planner's cycle (``acquire_lock(sees_events=
+    True)``): events raised now are what that run itself observed or did, not triggers."""
     return bool(getattr(_held, "token", None))
 
 
 # --- the run lock ------------------------------------------------------------------------------
-def acquire_lock(ttl_s: float | None = None) -> str | None:
+def acquire_lock(ttl_s: float | None = None, *, sees_events: bool = True) -> str | None:
     """Take the run lock (a conditional UPDATE on the anchor); ``None`` if another run holds it.
 
     The lock records its holder (``agent.claims.worker_identity``). It is free when released,
     past its expiry (``ttl_s``, WARDEN_RUN_LOCK_TTL_S), or as soon as its holder is known dead
     (a SIGKILLed worker on this host: issue 11 §1.1) — then taken over with a conditional UPDATE
-    on the dead holder's token, so two takers cannot both win.
+    on the dead holder's token, so two takers cannot both win. ``sees_events=False`` (the monitor's
+    tick, which runs no planner) lets the events its observe finds start a run after it.
     """
     from django.conf import settings
     from django.db.models import Q
@@ -63,14 +65,14 @@ def acquire_lock(ttl_s: float | None = None) -> str | None:
         Q(lock_token="") | Q(lock_expires_at__lt=now) | Q(lock_expires_at__isnull=True)
     ).update(**mine)
     if n == 1:
-        _held.token = token
+        _held.token = token if sees_events else None
         return token
     held, holder = SessionState.objects.filter(pk=1).values_list("lock_token", "lock_holder").get()
     if held and holder and worker_alive(holder) is False:
         if SessionState.objects.filter(pk=1, lock_token=held).update(**mine) == 1:
             log.warning("run lock taken over from a dead holder (%s)", holder)
             _fail_orphans(holder)
-            _held.token = token
+            _held.token = token if sees_events else None
             return token
     return None
 

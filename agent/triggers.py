@@ -9,12 +9,15 @@ Events (``fleet.events.trigger(kind, detail)``, or :func:`fire` from the agent a
 =================  ====  ===============================================================
 kind               prio  raised by
 =================  ====  ===============================================================
-worker_died        P0    ``fleet.sync``: an instance that was ``running`` is not any more
-workers_all_dead   P0    ``fleet.sync``: the last running instance stopped running
+worker_died        P0    ``fleet.sync``: an instance that was ``running`` is not any more;
+                         :func:`note_demand`: a worker's heartbeat went stale
+workers_all_dead   P0    ``fleet.sync``: the last running instance stopped running;
+                         :func:`note_demand`: no expected worker is live any more
 chat               P0    an operator's message (``console.views.dashboard.post_message``)
 operator           P0    "Trigger observe cycle now"
 instance_state     P1    ``fleet.sync``: any other status change of an instance
-queue_nonempty     P1    the proving queue went from empty to non-empty
+queue_nonempty     P1    the proving queue went from empty to non-empty (``fleet.demo.enqueue``;
+                         :func:`note_demand` on the monitor's tick for a real Curio queue)
 alert              P1    ``fleet.alerts.raise_alert``: a new alert fires
 target             P1    ``agent.actions.do_set_target``: the operator changed the target
 =================  ====  ===============================================================
@@ -139,6 +142,46 @@ def on_event(sender=None, kind: str = "", detail: str = "", **_) -> None:
         log.warning("trigger %s (%s) not started: %s; the heartbeat run will see it", kind, detail, exc)
 
 
+_NOTE = """
+local prev = redis.call('HGET', KEYS[1], ARGV[1])
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+return prev
+"""
+
+
+def note_demand(demand, *, fire_events: bool = True) -> list[str]:
+    """Compare a demand reading with the last one noted and fire its edges; returns the kinds fired.
+
+    Edges (seed 002: "all workers dead with tasks queued" must not wait for the cron): queued
+    0 → more (``queue_nonempty``); dead workers 0 → more (``worker_died``); live workers some → none
+    while workers are expected (``workers_all_dead``). An unknown reading notes nothing. With
+    ``fire_events=False`` (a planner run that observed it itself) only the state is noted. Redis
+    errors are logged, never raised.
+    """
+    if demand is None or demand.state != "ok":
+        return []
+    now = {"queued": demand.queued, "dead": demand.workers_dead,
+           "live": demand.workers_live if demand.workers_expected else None}
+    fired = []
+    try:
+        r = _redis()
+        prev = {k: r.eval(_NOTE, 1, _key("last_demand"), k, "" if v is None else str(v)) for k, v in now.items()}
+        prev = {k: int(v) if v not in (None, b"") else None for k, v in prev.items()}
+        edges = [
+            ("queue_nonempty", prev["queued"] == 0 and (now["queued"] or 0) > 0, f"{now['queued']} task(s) queued"),
+            ("worker_died", prev["dead"] == 0 and (now["dead"] or 0) > 0, f"{now['dead']} worker(s) dead"),
+            ("workers_all_dead", bool(prev["live"]) and now["live"] == 0,
+             f"0 of {demand.workers_expected} expected workers live"),
+        ]
+        for kind, edge, detail in edges:
+            if edge and fire_events:
+                fire(kind, detail)
+                fired.append(kind)
+    except Exception as exc:  # noqa: BLE001 — the heartbeat run is the backup
+        log.warning("demand edges not noted: %s", exc)
+    return fired
+
+
 def pending() -> int:
     """How many events wait for a run."""
     return _redis().llen(_key("pending"))
@@ -169,4 +212,5 @@ def put_back(events: list[dict]) -> None:
 def reset() -> None:
     """Forget every waiting event, window and follow-up flag (tests, benches, "Reset session")."""
     r = _redis()
-    r.delete(_key("pending"), _key("window:P0"), _key("window:P1"), _key("follow:P0"), _key("follow:P1"))
+    r.delete(_key("pending"), _key("window:P0"), _key("window:P1"), _key("follow:P0"), _key("follow:P1"),
+             _key("last_demand"))

@@ -151,3 +151,21 @@ def test_killing_a_demo_worker_starts_a_run_without_a_heartbeat(local_fleet, wor
         wait_for(lambda: Run.objects.get(pk=run.pk).status != "running", timeout=30, what="the run to end")
     finally:
         worker.kill()
+
+
+def test_demand_edges_fire_once_each(short_windows, broker_queue):
+    from fleet.demand.base import DemandReading
+
+    def reading(queued, live, dead, expected=2):
+        return DemandReading(state="ok", queued=queued, workers_live=live, workers_dead=dead, workers_expected=expected)
+
+    assert triggers.note_demand(reading(0, 2, 0)) == []  # the first reading only sets the baseline
+    assert triggers.note_demand(reading(4, 2, 0)) == ["queue_nonempty"]
+    assert triggers.note_demand(reading(6, 2, 0)) == []  # still non-empty: no new edge
+    assert triggers.note_demand(DemandReading.unknown("harmony unreachable")) == []  # unknown is no edge
+    assert triggers.note_demand(reading(6, 0, 2)) == ["worker_died", "workers_all_dead"]
+    assert triggers.note_demand(reading(6, 0, 2)) == []
+    assert triggers.note_demand(reading(0, 2, 0), fire_events=False) == []  # a planner run saw it itself
+    assert triggers.note_demand(reading(3, 2, 0)) == ["queue_nonempty"]
+    assert [e["kind"] for e in triggers.drain()] == ["queue_nonempty", "worker_died", "workers_all_dead",
+                                                     "queue_nonempty"]
