@@ -18,7 +18,7 @@ import threading
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 
 from agent.breakers import BreakerState, Halt
 from agent.models import Run, SessionState, Step
@@ -56,18 +56,24 @@ def acquire_lock(ttl_s: float | None = None, *, sees_events: bool = True) -> str
 
     from agent.claims import worker_alive, worker_identity
 
-    SessionState.get()
     ttl_s = ttl_s or settings.WARDEN["RUN_LOCK_TTL_S"]
     now = clock.now()
     token = secrets.token_hex(16)
     mine = dict(lock_token=token, lock_expires_at=now + timedelta(seconds=ttl_s), lock_holder=worker_identity())
-    n = SessionState.objects.filter(pk=1).filter(
-        Q(lock_token="") | Q(lock_expires_at__lt=now) | Q(lock_expires_at__isnull=True)
-    ).update(**mine)
+    free = Q(lock_token="") | Q(lock_expires_at__lt=now) | Q(lock_expires_at__isnull=True)
+    n = SessionState.objects.filter(pk=1).filter(free).update(**mine)  # one round trip when free
+    row = None
+    if n == 0:
+        row = SessionState.objects.filter(pk=1).values_list("lock_token", "lock_holder").first()
+        if row is None:  # the anchor's first use
+            SessionState.get()
+            n = SessionState.objects.filter(pk=1).filter(free).update(**mine)
     if n == 1:
         _held.token = token if sees_events else None
         return token
-    held, holder = SessionState.objects.filter(pk=1).values_list("lock_token", "lock_holder").get()
+    if row is None:
+        return None
+    held, holder = row
     if held and holder and worker_alive(holder) is False:
         if SessionState.objects.filter(pk=1, lock_token=held).update(**mine) == 1:
             log.warning("run lock taken over from a dead holder (%s)", holder)
@@ -158,17 +164,30 @@ def claim_run(trigger: str, planner, events: list[dict] | None = None) -> Run:
                 queued.save(update_fields=["status", "planner", "started_at", "trigger_events"])
                 run = queued
             else:
-                state = SessionState.objects.select_for_update().get(pk=SessionState.get().pk)
-                run = Run.objects.create(number=state.next_run_id, epoch=state.epoch, trigger=trigger, planner=name,
+                number, epoch = _next_run_number()
+                run = Run.objects.create(number=number, epoch=epoch, trigger=trigger, planner=name,
                                          status="running", started_at=clock.now(), trigger_events=events)
-                state.next_run_id += 1
-                state.save(update_fields=["next_run_id", "updated_at"])
     except IntegrityError as exc:
         if "one_running_run" not in str(exc):
             raise
         raise RunBusy("another run is still running (constraint one_running_run)") from exc
     emit("runs-changed")
     return run
+
+
+def _next_run_number() -> tuple[int, int]:
+    """Take the anchor's next run number in one round trip (an UPDATE … RETURNING, row-locked until
+    the caller's transaction ends); returns ``(number, epoch)``. Creates the anchor on first use."""
+    sql = (f"UPDATE {SessionState._meta.db_table} SET next_run_id = next_run_id + 1, updated_at = %s"
+           " WHERE id = 1 RETURNING next_run_id - 1, epoch")
+    for _ in range(2):
+        with connection.cursor() as cur:
+            cur.execute(sql, [connection.ops.adapt_datetimefield_value(clock.now())])
+            row = cur.fetchone()
+        if row is not None:
+            return row[0], row[1]
+        SessionState.get()
+    raise RuntimeError("the session anchor (SessionState pk=1) could not be created")
 
 
 def close_run(run: Run) -> None:
