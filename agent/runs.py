@@ -28,6 +28,8 @@ from fleet.events import emit
 from fleet.secrets import redact
 
 log = logging.getLogger(__name__)
+#: seconds a "not cancelled" answer stands for a read-only call (TurnContext.cancel_requested)
+CANCEL_CHECK_S = 0.25
 _held = threading.local()  # the lock token this thread holds, if any
 
 
@@ -114,10 +116,21 @@ class TurnContext:
     observe_only: bool = False
     _seq: int = 0
     extra: dict = field(default_factory=dict)
+    _cancel_checked_at: float = float("-inf")
+    _cancelled: bool = False
 
     def new_step(self, **fields) -> Step:
+        """A step of this run, numbered and saved (one INSERT)."""
+        step = self.draft_step(**fields)
+        step.save(force_insert=True)
+        return step
+
+    def draft_step(self, **fields) -> Step:
+        """A step of this run, numbered but not saved yet: the pipeline saves a scored call once,
+        with its outcome (one INSERT per step; ``agent.pipeline._finish``), or before anything
+        leaves the process (a side effect's claim, an approval)."""
         self._seq += 1
-        return Step.objects.create(run=self.run, seq=self._seq, created_at=clock.now(), actor=fields.pop("actor", self.actor), **fields)
+        return Step(run=self.run, seq=self._seq, created_at=clock.now(), actor=fields.pop("actor", self.actor), **fields)
 
     def call_steps(self) -> list[Step]:
         return list(self.run.steps.filter(kind="call").order_by("seq"))
@@ -129,8 +142,16 @@ class TurnContext:
         spec = TOOLS.get(step.tool)
         return self.breakers.after_error(step.tool, bool(spec and spec.fallback))
 
-    def cancel_requested(self) -> bool:
-        return Run.objects.filter(pk=self.run.pk, cancel_requested=True).exists()
+    def cancel_requested(self, *, must_check: bool = True) -> bool:
+        """Whether an operator asked to cancel this run (one query). With ``must_check=False`` the
+        answer of a check less than ``CANCEL_CHECK_S`` ago stands (a read-only call between
+        planner turns need not pay a round trip each); callers check for real before a side
+        effect and between the calls of one batch."""
+        now = clock.monotonic()
+        if must_check or now - self._cancel_checked_at >= CANCEL_CHECK_S:
+            self._cancel_checked_at = now
+            self._cancelled = Run.objects.filter(pk=self.run.pk, cancel_requested=True).exists()
+        return self._cancelled
 
 
 def turn_context(run: Run, world, limits, state: SessionState) -> TurnContext:
