@@ -29,7 +29,7 @@ from fleet.secrets import redact
 
 log = logging.getLogger(__name__)
 #: seconds a "not cancelled" answer stands for a read-only call (TurnContext.cancel_requested)
-CANCEL_CHECK_S = 0.25
+CANCEL_CHECK_S = 1.0
 _held = threading.local()  # the lock token this thread holds, if any
 
 
