@@ -12,7 +12,7 @@ from django.db import DatabaseError, transaction
 
 from agent.models import AuditLog, Run, SessionState, Step
 from fleet.clock import clock
-from fleet.events import emit
+from fleet.events import emit, trigger
 from fleet.secrets import redact, redact_obj
 
 
@@ -61,6 +61,8 @@ def do_set_target(target: float, actor: str, reason: str = "") -> SessionState:
     state.save(update_fields=["target_proofs_hr", "updated_at"])
     do_audit(actor, "set_target", "session", reason, {"target_proofs_hr": before}, {"target_proofs_hr": target})
     emit("demand-changed", "settings-changed")
+    if target != before:
+        trigger("target", f"target {before:g} → {target:g} proofs/hr by {actor}")
     return state
 
 

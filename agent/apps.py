@@ -6,12 +6,15 @@ class AgentConfig(AppConfig):
     name = "agent"
     default_auto_field = "django.db.models.BigAutoField"
 
-    def ready(self):
+    def ready(self) -> None:
         from agent.models import Approval
+        from agent.triggers import on_event
+        from fleet.events import happened
         from fleet.models import Alert
 
         post_save.connect(_approval_saved, sender=Approval, dispatch_uid="agent.notifications.approval")
         post_save.connect(_alert_saved, sender=Alert, dispatch_uid="agent.notifications.alert")
+        happened.connect(on_event, dispatch_uid="agent.triggers")
 
 
 def _approval_saved(sender, instance, created, **kwargs):

@@ -12,113 +12,27 @@ Every step is persisted as it happens.
 """
 
 import logging
-import secrets
-from dataclasses import dataclass, field
-from datetime import timedelta
 
-from django.db import transaction
-
-from agent.breakers import BreakerState, Halt
+from agent import triggers
 from agent.models import Approval, Run, SessionState, Step
-from agent.observe import World, observe, void_gone_approvals
+from agent.observe import observe, void_gone_approvals
 from agent.planners.base import has_verdict_block, parse_verdict
 from agent.policy import effective_limits, effective_policy
-from agent.report import entailment_flags, final_report
+from agent.runs import (
+    RunBusy,
+    TurnContext,
+    acquire_lock,
+    claim_run,
+    close_run,
+    fail_run,
+    release_lock,
+    turn_context,
+)
 from fleet.clock import clock
 from fleet.events import emit
 from fleet.secrets import redact
 
 log = logging.getLogger(__name__)
-
-
-# --- the run lock ------------------------------------------------------------------------------
-def acquire_lock(ttl_s: float | None = None) -> str | None:
-    """Take the run lock (a conditional UPDATE on the anchor); ``None`` if another run holds it.
-
-    The lock records its holder (``agent.claims.worker_identity``). It is free when released,
-    past its expiry (``ttl_s``, WARDEN_RUN_LOCK_TTL_S), or as soon as its holder is known dead
-    (a SIGKILLed worker on this host: issue 11 §1.1) — then taken over with a conditional UPDATE
-    on the dead holder's token, so two takers cannot both win.
-    """
-    from django.conf import settings
-    from django.db.models import Q
-
-    from agent.claims import worker_alive, worker_identity
-
-    SessionState.get()
-    ttl_s = ttl_s or settings.WARDEN["RUN_LOCK_TTL_S"]
-    now = clock.now()
-    token = secrets.token_hex(16)
-    mine = dict(lock_token=token, lock_expires_at=now + timedelta(seconds=ttl_s), lock_holder=worker_identity())
-    n = SessionState.objects.filter(pk=1).filter(
-        Q(lock_token="") | Q(lock_expires_at__lt=now) | Q(lock_expires_at__isnull=True)
-    ).update(**mine)
-    if n == 1:
-        return token
-    held, holder = SessionState.objects.filter(pk=1).values_list("lock_token", "lock_holder").get()
-    if held and holder and worker_alive(holder) is False:
-        if SessionState.objects.filter(pk=1, lock_token=held).update(**mine) == 1:
-            log.warning("run lock taken over from a dead holder (%s)", holder)
-            _fail_orphans(holder)
-            return token
-    return None
-
-
-def _fail_orphans(holder: str) -> None:
-    """Runs left ``running`` by the lock's dead holder end ``failed``, saying so (only the lock's
-    holder runs a cycle, so every ``running`` run was its). A call it left claimed is settled
-    against the provider by the next observe (``agent.claims``)."""
-    pid = holder.split("|")[1] if holder.count("|") == 2 else holder
-    for run in Run.objects.filter(status="running"):
-        _fail(run, RuntimeError(f"its worker process (pid {pid}) died mid-run; the next cycle re-observes"))
-
-
-def release_lock(token: str) -> None:
-    SessionState.objects.filter(pk=1, lock_token=token).update(lock_token="", lock_expires_at=None, lock_holder="")
-
-
-# --- the turn context ------------------------------------------------------------------------
-@dataclass
-class TurnContext:
-    """What the planner and the pipeline share during one run."""
-
-    run: Run
-    world: World
-    limits: object
-    breakers: BreakerState
-    actor: str = "agent"
-    message: str = ""
-    turn_index: int = 0
-    observe_only: bool = False
-    _seq: int = 0
-    extra: dict = field(default_factory=dict)
-
-    def new_step(self, **fields) -> Step:
-        self._seq += 1
-        return Step.objects.create(run=self.run, seq=self._seq, created_at=clock.now(), actor=fields.pop("actor", self.actor), **fields)
-
-    def call_steps(self) -> list[Step]:
-        return list(self.run.steps.filter(kind="call").order_by("seq"))
-
-    def after_error(self, step: Step) -> Halt | None:
-        from agent.tool_specs import TOOLS
-
-        self.breakers.record_call(step)
-        spec = TOOLS.get(step.tool)
-        return self.breakers.after_error(step.tool, bool(spec and spec.fallback))
-
-    def cancel_requested(self) -> bool:
-        return Run.objects.filter(pk=self.run.pk, cancel_requested=True).exists()
-
-
-def _context(run: Run, world: World, limits, state: SessionState) -> TurnContext:
-    breakers = BreakerState.load(run, limits)
-    last = run.steps.order_by("-seq").first()
-    message = run.steps.filter(kind="message").order_by("seq").values_list("text", flat=True).first() or ""
-    tc = TurnContext(run=run, world=world, limits=limits, breakers=breakers, message=message,
-                     turn_index=breakers.turns, observe_only=state.observe_only)
-    tc._seq = last.seq if last else 0
-    return tc
 
 
 def default_planner(run: Run | None = None):
@@ -142,12 +56,18 @@ def default_planner(run: Run | None = None):
 
 
 # --- entry points ----------------------------------------------------------------------------
-def run_cycle(trigger: str, *, message: str | None = None, actor: str = "system", planner=None) -> Run | None:
+def run_cycle(trigger: str, *, message: str | None = None, actor: str = "system", planner=None,
+              events: str | None = None) -> Run | None:
     """Run one observe cycle. Returns the run, or ``None`` when another run holds the lock.
 
     A chat message waiting in a ``queued`` run is picked up here (oldest first); ``message``
-    creates such a run first. Exceptions outside tools mark the run ``failed`` (with a report)
-    and are re-raised after the lock is released.
+    creates such a run first. ``events="take"`` (the Celery tasks) takes the waiting trigger events
+    (``agent.triggers.drain``) once the lock is held and before the observe phase, and records them
+    on the run (``trigger="event"`` names the run after the first of them); ``events="need"`` also
+    runs nothing when there are none and no run is queued (an earlier run took them), returning
+    ``None``. ``events=None`` (tests, replay) leaves them alone. Exceptions
+    outside tools mark the run ``failed`` (with a report) and are re-raised after the lock is
+    released.
     """
     if message:
         from agent.actions import do_post_message
@@ -158,13 +78,23 @@ def run_cycle(trigger: str, *, message: str | None = None, actor: str = "system"
         log.info("observe cycle (%s) skipped: another run holds the lock", trigger)
         return None
     try:
+        taken = triggers.drain() if events else []
+        if events == "need" and not taken and not Run.objects.filter(status="queued").exists():
+            return None
         for parked in expire_approvals():
             _settle_expired(parked)
-        run = _claim_run(trigger, planner)
+        try:
+            run = claim_run(trigger, planner, taken)
+        except RunBusy:
+            log.warning("observe cycle (%s) skipped: another run is still running", trigger)
+            triggers.put_back(taken)
+            return None
         state = SessionState.get()
         limits, policy = effective_limits(state), effective_policy(state)
         world = observe(limits, policy)
-        tc = _context(run, world, limits, state)
+        if events:  # a live cycle (not a replay): this run saw the demand; later edges compare with it
+            triggers.note_demand(world.demand, fire_events=False)
+        tc = turn_context(run, world, limits, state)
         tc.new_step(kind="observe", actor="system", text="observation", observation=redact(_json(world.summary())))
         _run_monitor(tc)
         void_gone_approvals()  # what the monitor destroyed voids the approvals waiting on it
@@ -172,7 +102,7 @@ def run_cycle(trigger: str, *, message: str | None = None, actor: str = "system"
         return run
     except Exception as exc:
         if "run" in locals():
-            _fail(run, exc)
+            fail_run(run, exc)
         raise
     finally:
         release_lock(token)
@@ -198,7 +128,7 @@ def resume_run(run: Run, *, planner=None) -> Run:
         run.refresh_from_db()  # the observe phase may have voided its last waiting approval (target_gone)
         if run.status != "parked":
             return run
-        tc = _context(run, world, limits, state)
+        tc = turn_context(run, world, limits, state)
         from agent.pipeline import dispatch_approved
 
         # decisions can land while an approved call executes: take them until none is left, and
@@ -227,7 +157,7 @@ def resume_run(run: Run, *, planner=None) -> Run:
             return run
         if run.ended_at is not None:  # the planner had finished; only the monitor's calls waited
             run.status = "done"
-            _close(run)
+            close_run(run)
             return run
         run.status = "running"
         run.save(update_fields=["status"])
@@ -236,7 +166,7 @@ def resume_run(run: Run, *, planner=None) -> Run:
         _drive(tc, planner or default_planner(run))
         return run
     except Exception as exc:
-        _fail(run, exc)
+        fail_run(run, exc)
         raise
     finally:
         release_lock(token)
@@ -253,25 +183,6 @@ def _json(obj) -> str:
     import json
 
     return json.dumps(obj, default=str, sort_keys=True)
-
-
-def _claim_run(trigger: str, planner) -> Run:
-    """The oldest queued run (a chat message waiting), else a new run numbered from the anchor."""
-    name = getattr(planner, "name", "rules")
-    with transaction.atomic():
-        queued = Run.objects.select_for_update().filter(status="queued").order_by("number").first()
-        if queued is not None:
-            queued.status, queued.planner, queued.started_at = "running", name, clock.now()
-            queued.save(update_fields=["status", "planner", "started_at"])
-            run = queued
-        else:
-            state = SessionState.objects.select_for_update().get(pk=SessionState.get().pk)
-            run = Run.objects.create(number=state.next_run_id, epoch=state.epoch, trigger=trigger, planner=name,
-                                     status="running", started_at=clock.now())
-            state.next_run_id += 1
-            state.save(update_fields=["next_run_id", "updated_at"])
-    emit("runs-changed")
-    return run
 
 
 def _run_monitor(tc: TurnContext) -> None:
@@ -357,42 +268,7 @@ def _drive(tc: TurnContext, planner) -> None:
 
         raise_alert("breaker_tripped", f"run {run.number} halted: {halt.code} — {halt.detail}", severity="P2",
                     key=f"breaker:{run.number}")
-    _close(run)
-
-
-def _close(run: Run) -> None:
-    """Write the honest report (and entailment flags), end time, and announce.
-
-    A run whose planner finished while calls of the monitor still wait for an operator stays
-    ``parked`` (so the decision is dispatched like any approved call) but gets its end time:
-    :func:`resume_run` then dispatches and closes it without asking the planner again.
-    """
-    if run.status == "done" and run.approvals.filter(status="waiting").exists():
-        run.status = "parked"
-        run.ended_at = clock.now()
-    elif run.status != "parked":
-        run.ended_at = clock.now()
-    run.final_report = final_report(run)
-    run.entailment_flags = entailment_flags(run)
-    run.save()
-    if run.status != "parked":
-        from agent.memory import after_run
-
-        try:
-            after_run(run)
-        except Exception:  # noqa: BLE001 — memory upkeep never fails the run it follows
-            log.exception("memory upkeep after run %s failed", run.number)
-    emit("runs-changed", "chat-changed", "fleet-changed")
-
-
-def _fail(run: Run, exc: Exception) -> None:
-    log.exception("run %s failed", run.number)
-    run.status = "failed"
-    run.halt_detail = redact(f"{type(exc).__name__}: {exc}")[:2000]
-    run.ended_at = clock.now()
-    run.final_report = final_report(run)
-    run.save()
-    emit("runs-changed")
+    close_run(run)
 
 
 def _settle_expired(run: Run) -> None:
@@ -404,7 +280,7 @@ def _settle_expired(run: Run) -> None:
         _decided(a.step, "expired", "expired", "the approval expired unanswered; nothing executed")
     if not run.approvals.filter(status="waiting").exists():
         run.status = "done"
-        _close(run)
+        close_run(run)
 
 
 def expire_approvals() -> list[Run]:

@@ -67,11 +67,17 @@ class Run(models.Model):
     # instance ids / numbers in the final answer that appear in no observation of the run
     entailment_flags = models.JSONField(default=list, blank=True)
     cancel_requested = models.BooleanField(default=False)
+    # the trigger events this run took (agent.triggers.drain): [{"id", "kind", "priority", "detail", "at"}]
+    trigger_events = models.JSONField(default=list, blank=True)
     started_at = models.DateTimeField()
     ended_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-number"]
+        constraints = [
+            # one run at a time: the run lock's second net (issue 10 §1)
+            models.UniqueConstraint(fields=["status"], condition=models.Q(status="running"), name="one_running_run"),
+        ]
 
     def __str__(self) -> str:
         return f"run {self.number}"

@@ -5,7 +5,8 @@ table (``TOOL:monitor`` keys; its own default ``auto``; ``forbidden`` on ``TOOL`
 action is skipped as ``forbidden_tool`` and halts nothing), the same guards (observe-only
 included), forced approvals (``agent.lifecycle.forced_approval``) and idempotency as any call.
 An action that needs approval parks as an Approval row whose step has actor ``monitor``; it is
-dispatched like any approved call (``agent.loop.resume_run``). They are recorded as call steps
+dispatched like any approved call (``agent.loop.resume_run``). The run's lifecycle (lock, claim,
+close) comes from ``agent.runs``, as the loop's does. They are recorded as call steps
 with actor ``monitor`` (no planner turn) and appear in the Actions tab through the audit log.
 """
 
@@ -13,6 +14,7 @@ from agent.guards import check as guard_check
 from agent.lifecycle import forced_approval
 from agent.pipeline import Decision, _finish, execute, idempotency_key, park, run_injected
 from agent.policy import policy_for
+from agent.runs import RunBusy, acquire_lock, claim_run, close_run, release_lock, turn_context
 from agent.tools import TOOLS
 from fleet.alerts import raise_alert
 from fleet.monitor import decide
@@ -82,26 +84,30 @@ def monitor_tick() -> int | None:
 
     Returns the run number, or ``None`` when there was nothing to do or the lock was held.
     """
-    from agent.loop import _claim_run, _close, _context, acquire_lock, release_lock
+    from agent import triggers
     from agent.models import SessionState
     from agent.observe import observe
     from agent.policy import effective_limits, effective_policy
 
-    token = acquire_lock()
+    token = acquire_lock(sees_events=False)  # what its observe finds starts a planner run after it
     if token is None:
         return None
     try:
         state = SessionState.get()
         limits, policy = effective_limits(state), effective_policy(state)
         world = observe(limits, policy)
+        triggers.note_demand(world.demand)
         if not monitor_actions(world):
             return None
-        run = _claim_run("monitor", None)
+        try:
+            run = claim_run("monitor", None)
+        except RunBusy:  # another run is still running: the next tick acts
+            return None
         run.planner = "monitor"
-        tc = _context(run, world, limits, state)
+        tc = turn_context(run, world, limits, state)
         run_monitor(tc)
-        run.status = "done"  # _close parks it while one of its calls waits for an operator
-        _close(run)
+        run.status = "done"  # close_run parks it while one of its calls waits for an operator
+        close_run(run)
         return run.number
     finally:
         release_lock(token)

@@ -335,10 +335,10 @@ def void_gone_approvals() -> int:
         n += 1
     for run in runs:
         if run.status == "parked" and not run.approvals.filter(step__outcome="parked").exists():
-            from agent.loop import _close
+            from agent.runs import close_run
 
             run.status = "done"
-            _close(run)
+            close_run(run)
     if n:
         emit("approvals-changed", "runs-changed")
     return n

@@ -139,14 +139,16 @@ def _schema_error(exc: ValidationError) -> str:
 
 
 def score_turn(tc, turn) -> tuple[list[Decision], Halt | None]:
-    """Score every call of ``turn`` (persisting a step for each) before anything runs."""
+    """Score every call of ``turn`` before anything runs. Each call's step is numbered now and
+    saved once with its outcome (a refusal here, or :func:`execute` / :func:`park`)."""
     decisions: list[Decision] = []
     halt = None
     batch = len(turn.calls) > 1 or turn.batch
     too_large = len(turn.calls) > MAX_BATCH_CALLS
     passed: list[tuple[str, dict]] = []
     for pos, p in enumerate(turn.calls):
-        step = tc.new_step(kind="call", turn=tc.turn_index, position=pos, batch=batch, tool=p.tool[:40], raw_arguments=redact(p.raw())[:4000])
+        step = tc.draft_step(kind="call", turn=tc.turn_index, position=pos, batch=batch, tool=p.tool[:40],
+                             raw_arguments=redact(p.raw())[:4000])
         dec = Decision(step=step, proposal=p)
         decisions.append(dec)
         if halt is not None:
@@ -236,7 +238,9 @@ def process_turn(tc, turn) -> TurnResult:
     for i, d in enumerate(decisions):
         if d.action != "run":
             continue
-        if tc.cancel_requested():
+        # for real before a side effect and after another call of this batch ran; a read-only call
+        # right after a recent check does not pay a round trip (agent.runs.CANCEL_CHECK_S)
+        if tc.cancel_requested(must_check=TOOLS[d.step.tool].side_effect or i > 0):
             for rest in decisions[i:]:
                 if rest.action == "run":
                     _finish(rest.step, "refused", "aborted_before_dispatch", "the run was cancelled before this call started", ok=False)
@@ -296,6 +300,8 @@ def park(tc, d: Decision) -> Approval:
     from datetime import timedelta
 
     now = clock.now()
+    if d.step.pk is None:  # a scored call is saved before its approval points at it
+        d.step.save(force_insert=True)
     approval = Approval.objects.create(
         run=tc.run,
         step=d.step,
@@ -333,7 +339,10 @@ def execute(tc, step: Step, spec, args: dict, key: str, *, outcome: str = "execu
         # the trace names the call before it is claimed: a worker that dies mid-call leaves a step
         # the claim's settlement can find (agent.claims) and an operator can read
         step.idempotency_key = key
-        step.save(update_fields=["idempotency_key", "args", "call_reason"])
+        if step.pk is None:
+            step.save(force_insert=True)
+        else:
+            step.save(update_fields=["idempotency_key", "args", "call_reason"])
         try:
             claim = claims.open_claim(key=key, tool=spec.name, args=args, instance_ref=str(args.get(spec.instance_arg or "", "")),
                                       actor=tc.actor, reason=str(args.get("reason", "")))

@@ -55,9 +55,37 @@ def final_report(run: Run) -> str:
         lines.append("Remains: the planner did not finish; the next cycle re-observes and decides again.")
     from fleet.models import Instance
 
-    live = list(Instance.objects.filter(killed_at__isnull=True).values_list("external_id", "status"))
-    lines.append("Fleet now: " + (", ".join(f"{i} {st}" for i, st in live) or "no instances"))
+    live = list(Instance.objects.filter(killed_at__isnull=True).order_by("id").values_list("external_id", "status"))
+    lines.append("Fleet now: " + fleet_summary(live))
     return "\n".join(lines)
+
+
+#: up to this many instances the report names each one; above, it counts them by status
+NAME_EACH_UP_TO = 10
+#: above NAME_EACH_UP_TO, a status with at most this many instances still names them (the odd ones out)
+NAME_STATUS_UP_TO = 5
+
+
+def fleet_summary(live: list[tuple[str, str]]) -> str:
+    """``[(external_id, status)]`` as one readable line.
+
+    Up to ``NAME_EACH_UP_TO`` instances: ``"v-1 running, v-2 exited"``. Above: counts by status,
+    most first, naming the instances of a status only when it has at most ``NAME_STATUS_UP_TO``
+    (``"1000 instances: 997 running; 3 exited (v-4, v-9, v-12)"``), so a large fleet reads in one
+    line and what is unusual is still named.
+    """
+    if not live:
+        return "no instances"
+    if len(live) <= NAME_EACH_UP_TO:
+        return ", ".join(f"{i} {st}" for i, st in live)
+    by_status: dict[str, list[str]] = {}
+    for ident, status in live:
+        by_status.setdefault(status, []).append(ident)
+    parts = []
+    for status, ids in sorted(by_status.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        names = f" ({', '.join(ids)})" if len(ids) <= NAME_STATUS_UP_TO else ""
+        parts.append(f"{len(ids)} {status}{names}")
+    return f"{len(live)} instances: " + "; ".join(parts)
 
 
 def _observed(run: Run) -> dict:

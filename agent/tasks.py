@@ -20,7 +20,7 @@ def observe_cycle(self, trigger: str = "heartbeat", message: str | None = None, 
         from agent.actions import do_post_message
 
         do_post_message(message, actor)
-    run = run_cycle(trigger, actor=actor)
+    run = run_cycle(trigger, actor=actor, events="take")
     if run is None:
         if trigger == "heartbeat":
             if self.request.retries >= 10:
@@ -44,6 +44,29 @@ def resume(self, run_id: int):
     if run.status == "parked" and not run.approvals.filter(status="waiting").exists():
         # another run held the lock: try again shortly; an approved call is never dropped
         raise self.retry(countdown=2, max_retries=None)
+    return run.number
+
+
+@shared_task(name="agent.tasks.triggered_cycle", bind=True, acks_late=True, max_retries=None)
+def triggered_cycle(self, kind: str = "event"):
+    """The run of a trigger event (``agent.triggers.fire``); returns the run number, or ``None``
+    when an earlier run already took every waiting event.
+
+    Tries again (every ``agent.triggers.RETRY_S``, backing off to 1 s) while another run holds the lock, so the events
+    that arrived during that run start the follow-up as soon as it ends (never in parallel). A
+    waiting chat message (a queued run) is run here too, one run per message.
+    """
+    from agent import triggers
+    from agent.loop import run_cycle
+
+    if not triggers.pending():
+        return None
+    run = run_cycle("event", events="need")
+    if run is None:
+        if not triggers.pending():
+            return None  # another run took the events
+        # 0.1 s, 0.2 s, … up to 1 s between tries while a long run (a model's turns) holds the lock
+        raise self.retry(args=(kind,), countdown=min(1.0, triggers.RETRY_S * (1 + self.request.retries)))
     return run.number
 
 

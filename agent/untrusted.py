@@ -15,6 +15,7 @@ full-width letters, zero-width characters and JSON escapes hide nothing. Homogly
 scripts (a Cyrillic "о" in "ignоre") are not folded.
 """
 
+import functools
 import re
 import unicodedata
 
@@ -123,6 +124,15 @@ def as_data(tool: str, observation: str) -> str:
 INSTANCE_FIELDS = ("gpu_name", "status_msg", "label", "status", "worker_name", "ssh_host", "log_path")
 
 
+@functools.lru_cache(maxsize=16384)
+def _first_hit(value: str) -> str:
+    """The first fragment :func:`scan_for_injection` finds in ``value`` ("" when none), memoised:
+    a fleet's provider fields ("RTX 4090", "running", its labels) repeat every cycle and on every
+    instance, so a cycle of 1,000 instances scans each distinct text once."""
+    found = scan_for_injection(value)
+    return found[0] if found else ""
+
+
 def scan_instance(inst) -> list[tuple[str, str]]:
     """``(field, fragment)`` for each provider field of ``inst`` (an ``Instance`` row or a
     ``ProviderInstance``) holding instruction-like text; empty when none."""
@@ -130,9 +140,9 @@ def scan_instance(inst) -> list[tuple[str, str]]:
     for name in INSTANCE_FIELDS:
         value = getattr(inst, name, "") or ""
         if isinstance(value, str) and value:
-            found = scan_for_injection(value)
+            found = _first_hit(value)
             if found:
-                hits.append((name, found[0]))
+                hits.append((name, found))
     return hits
 
 

@@ -278,6 +278,9 @@ WARDEN = {
     "TASK_NAMES": env.list("WARDEN_TASK_NAMES", default=["PoRep", "UpdateProve", "PSProve"]),
     # observe heartbeat (Celery beat), seconds
     "OBSERVE_INTERVAL_S": envint("WARDEN_OBSERVE_INTERVAL_S", 300, minimum=1),
+    # event triggers (agent.triggers): on, and the debounce window of each priority, seconds (seed 002)
+    "EVENT_TRIGGERS": envbool("WARDEN_EVENT_TRIGGERS", True),
+    "TRIGGER_WINDOWS_S": {"P0": envfloat("WARDEN_TRIGGER_P0_WINDOW_S", 2.0), "P1": envfloat("WARDEN_TRIGGER_P1_WINDOW_S", 10.0)},
     # run lock expiry, seconds: a crashed run frees the agent after this
     "RUN_LOCK_TTL_S": envint("WARDEN_RUN_LOCK_TTL_S", 600, minimum=1),
     # rules policy: queue empty this long before an idle worker is retired (autoscalers.md §1.7 rule 3)

@@ -7,7 +7,7 @@ raised again while it lasts is created silenced.
 """
 
 from fleet.clock import clock
-from fleet.events import emit
+from fleet.events import emit, trigger
 from fleet.models import Alert
 from fleet.secrets import redact
 
@@ -29,6 +29,7 @@ def raise_alert(kind: str, message: str, *, severity: str = "P2", key: str | Non
         kind=kind, key=key, severity=severity, message=message, instance=instance, raised_at=now, **silence
     )
     emit("alerts-changed")
+    trigger("alert", f"{severity} {kind}: {message[:120]}")
     return alert
 
 

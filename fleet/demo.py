@@ -10,7 +10,7 @@ from django.db import DatabaseError
 from fleet.clock import clock
 from fleet.demand.base import DemandError
 from fleet.demand.curio import harmony_unreadable
-from fleet.events import emit
+from fleet.events import emit, trigger
 from fleet.harmony import HARMONY_ALIAS, HarmonyTask, ensure_schema
 
 MAX_ENQUEUE = 10_000
@@ -44,7 +44,7 @@ def enqueue(n: int, name: str = "PoRep") -> list[int]:
 
     ``n``: 1..10,000; ``name``: a task name of at most 16 characters. Raises ``ValueError`` on
     bad input and ``DemandError`` (naming HARMONY_DATABASE_URL) when the queue is unreadable.
-    Emits ``demand-changed``.
+    Emits ``demand-changed``, and the trigger ``queue_nonempty`` when no task was waiting before.
     """
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_ENQUEUE:
         raise ValueError(f"N must be a whole number from 1 to {MAX_ENQUEUE}, got {n!r}")
@@ -53,12 +53,15 @@ def enqueue(n: int, name: str = "PoRep") -> list[int]:
     _demo_only("demo enqueue")
     now = clock.now()
     try:
+        was_empty = not HarmonyTask.objects.using(HARMONY_ALIAS).filter(owner__isnull=True).exists()
         tasks = HarmonyTask.objects.using(HARMONY_ALIAS).bulk_create(
             [HarmonyTask(name=name, owner=None, posted_time=now, update_time=now, added_by=0) for _ in range(n)]
         )
     except DatabaseError as exc:
         raise DemandError(harmony_unreadable(exc)) from exc
     emit("demand-changed")
+    if was_empty:  # the queue went from empty to non-empty: a trigger (agent.triggers)
+        trigger("queue_nonempty", f"{n} {name} task{'s' if n != 1 else ''} queued")
     return [t.id for t in tasks]
 
 

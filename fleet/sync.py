@@ -10,7 +10,7 @@ from django.conf import settings
 from django.db import transaction
 
 from fleet.clock import clock
-from fleet.events import emit
+from fleet.events import emit, trigger
 from fleet.models import Instance
 from fleet.providers import get_provider
 from fleet.secrets import redact
@@ -88,6 +88,7 @@ def sync_instances(provider=None) -> list[Instance]:
     changed = False
     grace = vanish_grace()
     failed: list[Instance] = []
+    stopped_running = 0
     with transaction.atomic():
         names = getattr(provider, "names", {provider.name})
         rows = list(Instance.objects.select_for_update().filter(provider__in=names, killed_at__isnull=True))
@@ -100,6 +101,9 @@ def sync_instances(provider=None) -> list[Instance]:
                     row.killed_at, row.killed_by, row.kill_reason = now, "monitor", "destroy confirmed by re-list"
                 else:
                     row.killed_at, row.killed_by, row.kill_reason = now, "provider", "vanished"
+                    if row.status == "running":
+                        trigger("worker_died", f"{row.external_id} vanished while running")
+                        stopped_running += 1
                 row.save(update_fields=["killed_at", "killed_by", "kill_reason"])
                 changed = True
                 continue
@@ -110,6 +114,10 @@ def sync_instances(provider=None) -> list[Instance]:
             if "status" in diff:
                 row.status_since = now
                 diff.append("status_since")
+                was, became = row.status, values["status"]
+                kind = "worker_died" if was == "running" else "instance_state"
+                trigger(kind, f"{row.external_id} {was} → {became}")
+                stopped_running += was == "running"
                 if values["status"] in FAILED_STATUSES and (values["status"] != "exited" or values["intended_status"] == "running"):
                     failed.append(row)
             for f in diff:
@@ -155,7 +163,10 @@ def sync_instances(provider=None) -> list[Instance]:
                 remember_failure(row, f"{row.external_id} {row.status}: {row.status_msg[:200]}")
         if changed:
             emit("fleet-changed")
-    return list(Instance.objects.filter(provider__in=names, killed_at__isnull=True).order_by("-created_at"))
+        live = list(Instance.objects.filter(provider__in=names, killed_at__isnull=True).order_by("-created_at"))
+        if stopped_running and not any(i.status == "running" for i in live):
+            trigger("workers_all_dead", f"no instance of {provider.name} is running any more")
+    return live
 
 
 def _audit_adopted(rows: list[Instance]) -> None:

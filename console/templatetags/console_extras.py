@@ -40,6 +40,17 @@ def age(seconds) -> str:
 
 
 @register.filter
+def unixtime(seconds) -> str:
+    """Unix seconds (a trigger event's ``at``) as ``HH:MM:SS.mmm`` UTC; "–" when not a number."""
+    from datetime import UTC, datetime
+
+    try:
+        return datetime.fromtimestamp(float(seconds), UTC).strftime("%H:%M:%S.%f")[:-3]
+    except (TypeError, ValueError, OverflowError, OSError):
+        return "–"
+
+
+@register.filter
 def count(value) -> str:
     """A demand count: ``"unknown"`` for None (an unreadable queue is never shown as 0)."""
     if value is None:
