@@ -1,36 +1,180 @@
 """The SSH transport: run commands on a machine with paramiko (diagnostics, SSH-host providers).
 
-:class:`SSHRunner` is a context manager; connecting raises :class:`Unreachable`. It lives below
-both ``fleet.diagnostics`` and ``fleet.providers`` so neither imports the other for it.
+:class:`SSHRunner` is a context manager; connecting raises :class:`Unreachable`, whose ``kind``
+says how it failed (:data:`KINDS`): a host that accepts TCP and never speaks is ``banner``, not a
+traceback. It lives below both ``fleet.diagnostics`` and ``fleet.providers`` so neither imports
+the other for it.
+
+Budgets (issue 10 §2): connecting (TCP, banner, authentication) takes at most
+:data:`CONNECT_TIMEOUT_S` seconds in all (paramiko's own banner default is 15 s), so a dead host
+costs no more than that; each command has its own timeout. One connection per host is kept in
+:data:`POOL` and reused by later runners for :data:`IDLE_REUSE_S` seconds after its last use.
 """
+
+import socket
+import threading
+import time
 
 from fleet.clock import clock
 
 #: the most characters of one command's output kept
-MAX_OUTPUT_CHARS = 2000
+MAX_OUTPUT_CHARS = 8000
+#: seconds for TCP connect + SSH banner + authentication together (issue 10 §2)
+CONNECT_TIMEOUT_S = 5.0
+#: seconds an idle connection is kept for reuse after its last use (issue 10 §2)
+IDLE_REUSE_S = 120.0
+#: how an SSH connection failed: ``refused`` (nothing listens), ``timeout`` (no TCP answer),
+#: ``banner`` (TCP accepted, no SSH banner in time), ``auth`` (key refused), ``key`` (our key file
+#: cannot be read), ``dns`` (no such host), ``reset`` (closed during the handshake), ``protocol``
+#: (another SSH error), ``network`` (another socket error)
+KINDS = ("refused", "timeout", "banner", "auth", "key", "dns", "reset", "protocol", "network")
 
 
 class Unreachable(Exception):
-    """The command runner could not connect (refused, timeout, auth)."""
+    """The command runner could not connect. ``kind`` is one of :data:`KINDS`; the message names
+    the host, the port and what happened, never a traceback."""
+
+    def __init__(self, message: str, kind: str = "network"):
+        super().__init__(message)
+        self.kind = kind
+
+
+def classify(exc: BaseException) -> str:
+    """The :data:`KINDS` entry for an exception raised while connecting (socket or paramiko)."""
+    import paramiko
+
+    text = str(exc)
+    if isinstance(exc, paramiko.AuthenticationException):
+        return "auth"
+    if isinstance(exc, ConnectionRefusedError) or isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
+        return "refused"
+    if isinstance(exc, socket.gaierror):
+        return "dns"
+    if "protocol banner" in text:
+        return "banner"
+    if isinstance(exc, TimeoutError):
+        return "timeout"
+    if isinstance(exc, EOFError | ConnectionResetError | ConnectionAbortedError) or "reset" in text.lower():
+        return "reset"
+    if isinstance(exc, paramiko.SSHException):
+        return "protocol"
+    return "network"
+
+
+class SSHPool:
+    """One live paramiko client per ``(host, port, user, key file)``, reused for
+    :data:`IDLE_REUSE_S` seconds after its last use (several threads may share one: paramiko opens
+    one channel per command). A daemon thread closes idle ones; :meth:`close_all` closes every one.
+    Connecting to one host is serialised, so concurrent runners for it share a single connection."""
+
+    def __init__(self, idle_s: float = IDLE_REUSE_S):
+        self.idle_s = idle_s
+        self._lock = threading.Lock()
+        self._clients: dict[tuple, list] = {}  # key -> [client, last_used (monotonic)]
+        self._connecting: dict[tuple, threading.Lock] = {}
+        self._reaper: threading.Thread | None = None
+
+    def get(self, key: tuple, connect):
+        """A live client for ``key``: the pooled one, else ``connect()``'s (which may raise)."""
+        with self._lock:
+            gate = self._connecting.setdefault(key, threading.Lock())
+        with gate:
+            with self._lock:
+                entry = self._clients.get(key)
+                if entry is not None:
+                    transport = entry[0].get_transport()
+                    if transport is not None and transport.is_active():
+                        entry[1] = time.monotonic()
+                        return entry[0]
+                    self._clients.pop(key, None)
+                    entry[0].close()
+            client = connect()
+            with self._lock:
+                self._clients[key] = [client, time.monotonic()]
+                self._start_reaper()
+            return client
+
+    def release(self, key: tuple, client, broken: bool = False) -> None:
+        """The runner is done with ``client``: mark it used now, or drop and close it if ``broken``."""
+        with self._lock:
+            entry = self._clients.get(key)
+            if entry is not None and entry[0] is client:
+                if broken:
+                    self._clients.pop(key, None)
+                else:
+                    entry[1] = time.monotonic()
+        if broken:
+            client.close()
+
+    def reap(self) -> int:
+        """Close the clients idle for longer than ``idle_s``; returns how many."""
+        now = time.monotonic()
+        with self._lock:
+            old = [k for k, (_, used) in self._clients.items() if now - used > self.idle_s]
+            gone = [self._clients.pop(k)[0] for k in old]
+        for c in gone:
+            c.close()
+        return len(gone)
+
+    def close_all(self) -> None:
+        """Close every pooled client (tests, worker shutdown)."""
+        with self._lock:
+            gone = [e[0] for e in self._clients.values()]
+            self._clients.clear()
+        for c in gone:
+            c.close()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._clients)
+
+    def _start_reaper(self) -> None:
+        if self._reaper is not None and self._reaper.is_alive():
+            return
+        self._reaper = threading.Thread(target=self._reap_loop, name="ssh-pool-reaper", daemon=True)
+        self._reaper.start()
+
+    def _reap_loop(self) -> None:
+        while True:
+            time.sleep(min(5.0, self.idle_s / 4))
+            self.reap()
+            with self._lock:
+                if not self._clients:
+                    self._reaper = None
+                    return
+
+
+#: the process's pool of SSH connections
+POOL = SSHPool()
 
 
 class SSHRunner:
     """Runs commands over SSH with paramiko (``key_filename``: a private key file, read at use).
 
-    Used as a context manager so the client (and its transport thread) is closed when the step
-    ends, also on error. Connecting is tried ``connect_attempts`` times with ``retry_backoff_s``
-    (times the attempt number, on ``clock``) between tries; an authentication failure is not
-    retried. Raises :class:`Unreachable` when it cannot connect.
+    A context manager: entering takes the host's pooled connection (:data:`POOL`) or opens one,
+    leaving hands it back for reuse (or closes it when the session broke). Connecting has
+    ``connect_timeout_s`` seconds in all; a refused connection is retried after ``retry_backoff_s``
+    (times the attempt number) while that budget lasts, up to ``connect_attempts`` tries;
+    nothing else is retried (a silent host would cost the budget again). Raises
+    :class:`Unreachable` (with its ``kind``) when it cannot connect.
     """
 
-    def __init__(self, host: str, port: int = 22, user: str = "root", key_filename: str | None = None, timeout_s: float = 10,
-                 connect_attempts: int = 2, retry_backoff_s: float = 1.0):
-        self.host, self.port, self.user, self.key_filename, self.timeout_s = host, port, user, key_filename, timeout_s
+    def __init__(self, host: str, port: int = 22, user: str = "root", key_filename: str | None = None,
+                 timeout_s: float = CONNECT_TIMEOUT_S, connect_attempts: int = 2, retry_backoff_s: float = 1.0,
+                 pool: SSHPool | None = None):
+        self.host, self.port, self.user, self.key_filename = host, port, user, key_filename
+        self.connect_timeout_s = min(timeout_s, CONNECT_TIMEOUT_S)
         self.connect_attempts, self.retry_backoff_s = connect_attempts, retry_backoff_s
+        self.pool = POOL if pool is None else pool
         self.client = None
+        self.reused = False  # the connection came from the pool
         self.broken = False  # the session dropped during the step
 
-    def __enter__(self):
+    @property
+    def key(self) -> tuple:
+        return (self.host, int(self.port), self.user, self.key_filename or "")
+
+    def _connect(self):
         import paramiko
 
         pkey = None
@@ -38,62 +182,110 @@ class SSHRunner:
             try:
                 pkey = paramiko.PKey.from_path(self.key_filename)
             except (OSError, ValueError, paramiko.SSHException) as exc:
-                raise Unreachable(f"ssh key {self.key_filename}: cannot load it: {exc}") from None
-        attempts = max(1, self.connect_attempts)
-        for attempt in range(1, attempts + 1):
+                raise Unreachable(f"ssh key {self.key_filename}: cannot load it: {exc}", "key") from None
+        where = f"ssh {self.user}@{self.host}:{self.port}"
+        deadline = time.monotonic() + self.connect_timeout_s
+        attempt = 0
+        while True:
+            attempt += 1
+            remaining = max(0.05, deadline - time.monotonic())
+            try:
+                sock = socket.create_connection((self.host, self.port), timeout=remaining)
+            except OSError as exc:
+                kind = classify(exc)
+                backoff = self.retry_backoff_s * attempt
+                if kind == "refused" and attempt < self.connect_attempts and time.monotonic() + backoff < deadline:
+                    clock.sleep(backoff)  # gpu-faults.md §4.4: retry before a verdict, within the budget
+                    continue
+                what = {"refused": "connection refused", "timeout": f"no TCP answer within {remaining:.1f}s",
+                        "dns": "host name not known"}.get(kind, str(exc) or type(exc).__name__)
+                raise Unreachable(f"{where}: {what} (after {attempt} attempt(s)): {exc}", kind) from None
             client = paramiko.SSHClient()
             client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+            remaining = max(0.05, deadline - time.monotonic())
             try:
                 client.connect(
-                    self.host,
-                    port=self.port,
-                    username=self.user,
-                    pkey=pkey,
-                    timeout=self.timeout_s,
-                    banner_timeout=self.timeout_s,
-                    auth_timeout=self.timeout_s,
-                    allow_agent=False,
-                    look_for_keys=self.key_filename is None,
+                    self.host, port=self.port, username=self.user, pkey=pkey, sock=sock,
+                    timeout=remaining, banner_timeout=remaining, auth_timeout=remaining,
+                    allow_agent=False, look_for_keys=self.key_filename is None,
                 )
-            except paramiko.AuthenticationException as exc:
-                client.close()  # permanent: no retry
-                raise Unreachable(f"ssh {self.user}@{self.host}:{self.port}: authentication failed: {exc}") from None
-            except (TimeoutError, OSError, EOFError, paramiko.SSHException) as exc:
+            except Exception as exc:  # noqa: BLE001 — every handshake failure becomes a classified verdict
                 client.close()
-                if attempt < attempts:
-                    clock.sleep(self.retry_backoff_s * attempt)  # gpu-faults.md §4.4: retry before a verdict
-                    continue
-                raise Unreachable(f"ssh {self.host}:{self.port}: {exc or type(exc).__name__} (after {attempts} attempts)") from None
-            self.client = client
-            return self
-        raise Unreachable(f"ssh {self.host}:{self.port}: not attempted")  # pragma: no cover — attempts >= 1
+                sock.close()
+                kind = classify(exc)
+                what = {"banner": f"TCP accepted but no SSH banner within {self.connect_timeout_s:g}s",
+                        "auth": "authentication failed"}.get(kind, kind)
+                raise Unreachable(f"{where}: {what}: {exc or type(exc).__name__}", kind) from None
+            return client
 
-    def run(self, command: str, timeout_s: float = 10) -> tuple[int, str]:
-        """Run ``command``; returns (exit code, stdout+stderr truncated).
+    def __enter__(self):
+        before = len(self.pool)
+        self.client = self.pool.get(self.key, self._connect)
+        self.reused = len(self.pool) == before
+        return self
+
+    def run(self, command: str, timeout_s: float = 10, keep: str = "head") -> tuple[int, str]:
+        """Run ``command``; returns (exit code, stdout and stderr merged, at most
+        :data:`MAX_OUTPUT_CHARS`: the head, or the tail when ``keep="tail"``).
 
         A command past ``timeout_s`` answers 124; a broken session (the connection dropped)
         answers 255 with the error text. Never raises for a command's failure.
         """
         import paramiko
 
-        if self.client is None or self.client.get_transport() is None or not self.client.get_transport().is_active():
+        transport = self.client.get_transport() if self.client is not None else None
+        if transport is None or not transport.is_active():
             self.broken = True
             return 255, "ssh session not active (the connection dropped)"
+        deadline = time.monotonic() + timeout_s
+        chunks, size = [], 0
         try:
-            _, stdout, stderr = self.client.exec_command(command, timeout=timeout_s)
-            out = stdout.read().decode(errors="replace") + stderr.read().decode(errors="replace")
-            rc = stdout.channel.recv_exit_status()
-            if rc == -1:  # paramiko: the channel closed without an exit status (connection dropped)
-                self.broken = True
-                return 255, (out + "\nssh session dropped before the command's exit status arrived")[-MAX_OUTPUT_CHARS:]
-            return rc, out[:MAX_OUTPUT_CHARS]
+            chan = transport.open_session(timeout=timeout_s)
+            try:
+                chan.set_combine_stderr(True)
+                chan.exec_command(command)
+                while True:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise TimeoutError(f"no end of output after {timeout_s:g}s")
+                    chan.settimeout(left)
+                    data = chan.recv(32768)
+                    if not data:
+                        break
+                    chunks.append(data)
+                    size += len(data)
+                    if keep == "head" and size > 4 * MAX_OUTPUT_CHARS:
+                        break  # enough: the head is kept
+                    if keep == "tail" and size > 8 * MAX_OUTPUT_CHARS:
+                        chunks, size = [b"".join(chunks)[-4 * MAX_OUTPUT_CHARS:]], 4 * MAX_OUTPUT_CHARS
+                out = b"".join(chunks).decode(errors="replace")
+                if not chan.status_event.wait(max(0.0, deadline - time.monotonic())):
+                    if not chan.closed and transport.is_active():
+                        raise TimeoutError(f"no exit status after {timeout_s:g}s")
+                rc = chan.recv_exit_status() if chan.exit_status_ready() else -1
+            finally:
+                chan.close()
         except TimeoutError as exc:
+            if not transport.is_active():
+                self.broken = True
+                return 255, f"ssh session failed: {exc}"
             return 124, f"timed out after {timeout_s:g}s: {exc}"
         except (OSError, EOFError, paramiko.SSHException) as exc:
             self.broken = True
             return 255, f"ssh session failed: {exc or type(exc).__name__}"
+        if rc == -1:  # the channel closed without an exit status (connection dropped)
+            self.broken = True
+            return 255, _cut(out + "\nssh session dropped before the command's exit status arrived", "tail")
+        return rc, _cut(out, keep)
 
     def __exit__(self, *exc):
         if self.client is not None:
-            self.client.close()
+            self.pool.release(self.key, self.client, broken=self.broken)
+            self.client = None
         return False
+
+
+def _cut(text: str, keep: str) -> str:
+    if len(text) <= MAX_OUTPUT_CHARS:
+        return text
+    return text[-MAX_OUTPUT_CHARS:] if keep == "tail" else text[:MAX_OUTPUT_CHARS]

@@ -372,7 +372,7 @@ class ScenarioCommandRunner:
             raise Unreachable(f"ssh {self.host}:22: [Errno 111] Connection refused")
         return self
 
-    def run(self, command: str, timeout_s: float = 10) -> tuple[int, str]:
+    def run(self, command: str, timeout_s: float = 10, keep: str = "head") -> tuple[int, str]:
         """The file's answer to ``command``: ``(rc, out)``; rc 127 when no key matches."""
         self.commands_run.append(command)
         commands = self.ssh.get("commands") or {}
