@@ -11,6 +11,7 @@ costs no more than that; each command has its own timeout. One connection per ho
 :data:`POOL` and reused by later runners for :data:`IDLE_REUSE_S` seconds after its last use.
 """
 
+import logging
 import socket
 import threading
 import time
@@ -28,6 +29,25 @@ IDLE_REUSE_S = 120.0
 #: cannot be read), ``dns`` (no such host), ``reset`` (closed during the handshake), ``protocol``
 #: (another SSH error), ``network`` (another socket error)
 KINDS = ("refused", "timeout", "banner", "auth", "key", "dns", "reset", "protocol", "network")
+
+
+class _NoHandshakeTracebacks(logging.Filter):
+    """paramiko's transport thread logs a failed handshake as ``Exception (client): …`` plus one
+    ERROR record per traceback line. The failure is raised to the caller as a classified
+    :class:`Unreachable`, so the traceback lines are dropped and the one-line summary is kept as a
+    WARNING."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR:
+            return True
+        msg = str(record.msg)
+        if msg.startswith("Exception (client)"):
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            return True
+        return False  # a traceback line (paramiko logs them one by one)
+
+
+logging.getLogger("paramiko.transport").addFilter(_NoHandshakeTracebacks())
 
 
 class Unreachable(Exception):
@@ -206,10 +226,14 @@ class SSHRunner:
             try:
                 client.connect(
                     self.host, port=self.port, username=self.user, pkey=pkey, sock=sock,
-                    timeout=remaining, banner_timeout=remaining, auth_timeout=remaining,
+                    # the banner wait ends first, so its error (not a later "No existing session") is raised
+                    timeout=remaining, banner_timeout=max(0.05, remaining - 0.2), auth_timeout=remaining,
                     allow_agent=False, look_for_keys=self.key_filename is None,
                 )
             except Exception as exc:  # noqa: BLE001 — every handshake failure becomes a classified verdict
+                transport = client.get_transport()
+                saved = transport.get_exception() if transport is not None else None
+                exc = saved or exc  # the transport thread's own error names the cause
                 client.close()
                 sock.close()
                 kind = classify(exc)
