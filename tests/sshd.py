@@ -42,20 +42,20 @@ DRIVER_NOT_LOADED = (
 )
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` (a loopback address) that nothing listens on right now."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
-def _wait_listening(port: int, proc: subprocess.Popen, timeout: float = 10.0) -> None:
+def _wait_listening(port: int, proc: subprocess.Popen, timeout: float = 10.0, host: str = "127.0.0.1") -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"sshd exited with code {proc.returncode}")
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+            with socket.create_connection((host, port), timeout=0.5) as s:
                 if s.recv(64).startswith(b"SSH-"):
                     return
         except OSError:
@@ -72,12 +72,13 @@ class SSHServer:
     ``proc`` (the sshd process). :meth:`stop` ends sshd and every session process it started.
     """
 
-    def __init__(self, root: Path, extra_hosts: int = 0):
+    def __init__(self, root: Path, extra_hosts: list[str] | None = None):
         self.root = Path(root)
         self.host = "127.0.0.1"
-        #: further loopback addresses (127.0.1.1, 127.0.1.2, …) the same sshd listens on, each a
-        #: "host" of its own for the client (one pooled connection each): the fan-out bench
-        self.extra_hosts = [f"127.0.{1 + i // 250}.{1 + i % 250}" for i in range(extra_hosts)]
+        #: further loopback addresses (``127.0.1.1`` …) the same sshd listens on, each a "host" of its
+        #: own for the client (one pooled connection each): the fan-out bench. sshd takes at most 16
+        #: listen sockets in all (its MAX_LISTEN_SOCKS)
+        self.extra_hosts = list(extra_hosts or [])
         self.port = 0
         self.user = os.environ.get("USER") or _current_user()
         self.bin_dir = self.root / "bin"
@@ -97,17 +98,20 @@ class SSHServer:
         # paramiko cannot write Ed25519 private keys; RSA for the host and the client
         hk = paramiko.RSAKey.generate(2048)
         hk.write_private_key_file(str(host_key))
-        client = paramiko.RSAKey.generate(2048)
-        client.write_private_key_file(str(self.key_file))
+        if self.key_file.exists():  # a key given by the caller (several servers, one client key)
+            client = paramiko.RSAKey.from_private_key_file(str(self.key_file))
+        else:
+            client = paramiko.RSAKey.generate(2048)
+            client.write_private_key_file(str(self.key_file))
         os.chmod(self.key_file, 0o600)
         os.chmod(host_key, 0o600)
         (self.root / "authorized_keys").write_text(f"{client.get_name()} {client.get_base64()} warden-test\n")
-        self.port = free_port()
+        self.port = free_port(self.host)
         config = self.root / "sshd_config"
         config.write_text(
             "\n".join([
                 f"Port {self.port}",
-                "ListenAddress 127.0.0.1",
+                f"ListenAddress {self.host}",
                 *(f"ListenAddress {h}" for h in self.extra_hosts),
                 f"HostKey {host_key}",
                 f"PidFile {self.root / 'sshd.pid'}",
@@ -136,7 +140,7 @@ class SSHServer:
                 start_new_session=True,
             )
         try:
-            _wait_listening(self.port, self.proc)
+            _wait_listening(self.port, self.proc, host=self.host)
         except RuntimeError as exc:
             self.stop()
             raise RuntimeError(f"{exc}; log: {self.log()}") from None
