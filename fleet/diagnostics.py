@@ -157,18 +157,25 @@ def collect(runner, timeout_s: float = COMMAND_TIMEOUT_S, commands: list[str] | 
     Raises :class:`~fleet.ssh.Unreachable` when the runner cannot connect.
     """
     evidence = {}
+    commands = commands or commands_for()
+    keep = ["tail" if cmd.startswith(("tail ", "journalctl")) else "head" for cmd in commands]
     with runner as r:
-        for cmd in commands or commands_for():
-            keep = "tail" if cmd.startswith(("tail ", "journalctl")) else "head"
-            rc, out = r.run(cmd, timeout_s=timeout_s, keep=keep)
+        if hasattr(r, "run_many"):  # SSH: one session for the whole collector (fleet.ssh.SSHRunner.run_many)
+            answers = r.run_many(commands, timeout_s=timeout_s, keep=keep)
+        else:
+            answers = []
+            for cmd, k in zip(commands, keep, strict=True):
+                answers.append(r.run(cmd, timeout_s=timeout_s, keep=k))
+                if getattr(r, "broken", False):
+                    break
+        broken = getattr(r, "broken", False)
+        for n, (cmd, (rc, out)) in enumerate(zip(commands, answers, strict=False)):
             entry = {"rc": rc, "out": redact(out)}
             hits = _scan(entry["out"])
             if hits:
                 entry["injection"] = hits[:3]
-            if getattr(r, "broken", False):
+            if broken and n == len(answers) - 1:  # the session dropped here: later commands never ran
                 entry["ssh_error"] = True
-                evidence[cmd] = entry
-                break
             evidence[cmd] = entry
     return evidence
 

@@ -248,11 +248,11 @@ class SSHRunner:
         self.reused = len(self.pool) == before
         return self
 
-    def run(self, command: str, timeout_s: float = 10, keep: str = "head") -> tuple[int, str]:
+    def run(self, command: str, timeout_s: float = 10, keep: str = "head", max_chars: int = MAX_OUTPUT_CHARS) -> tuple[int, str]:
         """Run ``command``; returns (exit code, stdout and stderr merged, at most
         :data:`MAX_OUTPUT_CHARS`: the head, or the tail when ``keep="tail"``).
 
-        A command past ``timeout_s`` answers 124; a broken session (the connection dropped)
+        ``max_chars`` overrides the cap. A command past ``timeout_s`` answers 124; a broken session (the connection dropped)
         answers 255 with the error text. Never raises for a command's failure.
         """
         import paramiko
@@ -278,10 +278,10 @@ class SSHRunner:
                         break
                     chunks.append(data)
                     size += len(data)
-                    if keep == "head" and size > 4 * MAX_OUTPUT_CHARS:
+                    if keep == "head" and size > 4 * max_chars:
                         break  # enough: the head is kept
-                    if keep == "tail" and size > 8 * MAX_OUTPUT_CHARS:
-                        chunks, size = [b"".join(chunks)[-4 * MAX_OUTPUT_CHARS:]], 4 * MAX_OUTPUT_CHARS
+                    if keep == "tail" and size > 8 * max_chars:
+                        chunks, size = [b"".join(chunks)[-4 * max_chars:]], 4 * max_chars
                 out = b"".join(chunks).decode(errors="replace")
                 if not chan.status_event.wait(max(0.0, deadline - time.monotonic())):
                     if not chan.closed and transport.is_active():
@@ -299,8 +299,50 @@ class SSHRunner:
             return 255, f"ssh session failed: {exc or type(exc).__name__}"
         if rc == -1:  # the channel closed without an exit status (connection dropped)
             self.broken = True
-            return 255, _cut(out + "\nssh session dropped before the command's exit status arrived", "tail")
-        return rc, _cut(out, keep)
+            return 255, _cut(out + "\nssh session dropped before the command's exit status arrived", "tail", max_chars)
+        return rc, _cut(out, keep, max_chars)
+
+    def run_many(self, commands: list[str], timeout_s: float = 10, keep: list[str] | None = None) -> list[tuple[int, str]]:
+        """Run ``commands`` in one SSH session, one after another, each under ``timeout_s`` (the
+        host's ``timeout`` utility, where it has one); ``[(exit code, output), …]`` in order, each
+        output cut as :meth:`run` cuts it (``keep[i]``: ``head`` or ``tail``).
+
+        One session per host instead of one per command: a session costs the host a fork and a
+        login shell, which dominates on a loaded machine. Each command's end is marked with a
+        random nonce, so no output (a planted log line) can forge another command's result. A
+        command past its timeout answers 124; when the whole batch outlives ``len × timeout_s``
+        the unfinished commands answer 124 too; when the session drops, the command it dropped in
+        answers 255, ``broken`` is set and the later ones are not in the list.
+        """
+        import secrets as _secrets
+        import shlex
+
+        keep = keep or ["head"] * len(commands)
+        nonce = _secrets.token_hex(8)
+        mark = f":warden:{nonce}:"
+        t = f"{timeout_s:g}"
+        lines = [f'if command -v timeout >/dev/null 2>&1; then T="timeout -k 1 {t}"; else T=""; fi']
+        for i, cmd in enumerate(commands):
+            lines.append(f"$T sh -c {shlex.quote(cmd)} </dev/null 2>&1; printf '\\n{mark}{i}:rc=%d:\\n' $?")
+        rc, out = self.run("\n".join(lines), timeout_s * len(commands) + 2, max_chars=64 * MAX_OUTPUT_CHARS)
+        parts = out.split(mark)
+        results: list[tuple[int, str]] = []
+        text = parts[0]
+        for i, part in enumerate(parts[1:]):
+            head, _, rest = part.partition(":\n")
+            idx, _, code = head.partition(":rc=")
+            if idx != str(i) or not code.lstrip("-").isdigit():
+                break  # not our marker's shape: stop rather than guess
+            results.append((int(code), _cut(text[:-1] if text.endswith("\n") else text, keep[i])))
+            text = rest
+        if len(results) < len(commands):
+            i = len(results)
+            if self.broken:
+                results.append((255, _cut(text + f"\nssh session failed: {out[-200:] if rc == 255 else ''}".rstrip(), "tail")))
+            else:
+                results += [(124, f"timed out: the batch outlived {timeout_s * len(commands) + 2:g}s")
+                            for _ in commands[i:]]
+        return results
 
     def __exit__(self, *exc):
         if self.client is not None:
@@ -309,7 +351,7 @@ class SSHRunner:
         return False
 
 
-def _cut(text: str, keep: str) -> str:
-    if len(text) <= MAX_OUTPUT_CHARS:
+def _cut(text: str, keep: str, limit: int = MAX_OUTPUT_CHARS) -> str:
+    if len(text) <= limit:
         return text
-    return text[-MAX_OUTPUT_CHARS:] if keep == "tail" else text[:MAX_OUTPUT_CHARS]
+    return text[-limit:] if keep == "tail" else text[:limit]
