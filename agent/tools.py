@@ -190,18 +190,28 @@ def search_offers(ctx: ToolContext, args: dict) -> dict:
 
 
 def diagnose_instance(ctx: ToolContext, args: dict) -> dict:
-    from fleet.diagnostics import diagnose
+    """The verdict (``fleet.diagnostics.Verdict``: health, class, cause, the lines that support it,
+    confidence), who judged it and from what source, and each collected command's exit code; the
+    full outputs are on the instance page (they are long, and what machines print is untrusted)."""
+    from agent.diagnosis import diagnose_instance as run_diagnosis
 
     inst = _instance(args["instance_id"])
-    diag = diagnose(inst, worker=ctx.world.worker_for(inst), timeout_s=max(1.0, ctx.remaining()))
+    diag = run_diagnosis(inst, worker=ctx.world.worker_for(inst), timeout_s=max(1.0, ctx.remaining()))
     ctx.world.add_diagnosis(diag)
     return {
         "instance_id": inst.external_id,
         "health": diag.health,
         "class": diag.fault_class or None,
         "cause": diag.cause,
+        "evidence": diag.findings,
+        "confidence": diag.confidence,
+        "judge": diag.judge,
         "source": diag.source,
-        "evidence": diag.evidence,
+        "collected": {cmd.split(" --", 1)[0][:60]: e.get("rc") for cmd, e in diag.evidence.items()
+                      if isinstance(e, dict) and "rc" in e},
+        # instruction-like text found in what the machine printed: the pipeline's scan sees it here
+        # too, so the run parks its later side effects (SCENARIOS.md "forced approval")
+        **({"injection": diag.evidence["injection"]} if diag.evidence.get("injection") else {}),
     }
 
 
