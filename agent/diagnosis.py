@@ -98,6 +98,92 @@ def diagnose_instances(instances, *, workers: dict | None = None, timeout_s: flo
     return diagnose_many(list(instances), workers=workers, timeout_s=timeout_s, judge_fn=judge_fn())
 
 
+def prefetch(world, instance_ids: list, *, timeout_s: float = 30) -> int:
+    """Diagnose the instances of one turn's ``diagnose_instance`` calls together, before the calls
+    run, when there are at least two: in this process's thread pool, or, past
+    :data:`FANOUT_MIN` instances with WARDEN_DIAGNOSE_FANOUT on, across Celery workers
+    (:func:`diagnose_fanout`). Each call then takes its instance's verdict from
+    ``world.prefetched`` instead of collecting again. Returns how many were prefetched; never
+    raises (a call whose instance was not prefetched collects on its own)."""
+    from fleet.models import Instance
+
+    ids = list(dict.fromkeys(i for i in instance_ids if isinstance(i, str)))
+    if len(ids) < 2:
+        return 0
+    instances = list(Instance.objects.filter(external_id__in=ids, killed_at__isnull=True))
+    workers = {i.pk: world.worker_for(i) for i in instances}
+    try:
+        if fanout_enabled() and len(instances) >= FANOUT_MIN:
+            diags = diagnose_fanout(instances, workers=workers, timeout_s=timeout_s)
+        else:
+            diags = diagnose_instances(instances, workers=workers, timeout_s=timeout_s)
+    except Exception as exc:  # noqa: BLE001 — each call still diagnoses on its own
+        log.warning("parallel diagnosis failed (%s: %s); each call diagnoses on its own", type(exc).__name__, exc)
+        return 0
+    got = getattr(world, "prefetched", None)
+    if got is None:
+        got = world.prefetched = {}
+    for d in diags:
+        got[d.instance_id] = d
+    return len(diags)
+
+
+#: a turn diagnosing at least this many instances fans out across Celery workers (when enabled)
+FANOUT_MIN = 2
+#: instances per Celery task of a fan-out
+FANOUT_CHUNK = 8
+
+
+def fanout_enabled() -> bool:
+    """WARDEN_DIAGNOSE_FANOUT (``1``/``true``): fan diagnoses out across Celery workers."""
+    import os
+
+    return os.environ.get("WARDEN_DIAGNOSE_FANOUT", "").lower() in ("1", "true", "yes")
+
+
+def _worker_dict(w) -> dict | None:
+    if w is None:
+        return None
+    return {"live": bool(w.live), "unschedulable": bool(w.unschedulable), "owned_tasks": int(w.owned_tasks or 0)}
+
+
+def diagnose_fanout(instances, *, workers: dict | None = None, timeout_s: float = 30, chunk: int = FANOUT_CHUNK,
+                    poll_s: float = 0.1) -> list:
+    """Diagnose ``instances`` across Celery workers: a ``group`` of ``agent.tasks.diagnose_instances``
+    tasks of ``chunk`` instances each (each a thread pool in its worker), joined on the database —
+    each task stores its ``Diagnosis`` rows, and this waits until every instance has one taken after
+    the fan-out started, or ``timeout_s`` plus the connect budget have passed. The caller (a run)
+    keeps the run lock meanwhile: the tasks diagnose, they change nothing in the fleet. Returns the
+    diagnoses found, in ``instances`` order; an instance no task answered for in time is missing
+    (its call collects on its own)."""
+    import time
+
+    from celery import group
+    from django.db import connection
+
+    from agent.tasks import diagnose_instances as task
+    from fleet.clock import clock
+    from fleet.models import Diagnosis
+    from fleet.ssh import CONNECT_TIMEOUT_S
+
+    started = clock.now()
+    pks = [i.pk for i in instances]
+    views = {str(pk): _worker_dict((workers or {}).get(pk)) for pk in pks}
+    chunks = [pks[n:n + chunk] for n in range(0, len(pks), chunk)]
+    group(task.s(c, {str(pk): views[str(pk)] for pk in c}, timeout_s) for c in chunks).apply_async()
+    deadline = time.monotonic() + timeout_s + CONNECT_TIMEOUT_S + 5
+    found: dict = {}
+    while time.monotonic() < deadline:
+        for d in Diagnosis.objects.filter(instance_id__in=[p for p in pks if p not in found], taken_at__gte=started):
+            found[d.instance_id] = d
+        if len(found) == len(pks):
+            break
+        if connection.in_atomic_block:
+            break  # inside a transaction the workers' rows cannot be seen: no point waiting
+        time.sleep(poll_s)
+    return [found[pk] for pk in pks if pk in found]
+
+
 def do_diagnose(inst, *, actor: str):
     """An operator's "Diagnose now": diagnose ``inst``, write the audit row with the verdict, and
     announce ``fleet-changed``. Returns the ``Diagnosis``. Raises ``ValueError`` for a killed

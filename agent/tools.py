@@ -196,7 +196,9 @@ def diagnose_instance(ctx: ToolContext, args: dict) -> dict:
     from agent.diagnosis import diagnose_instance as run_diagnosis
 
     inst = _instance(args["instance_id"])
-    diag = run_diagnosis(inst, worker=ctx.world.worker_for(inst), timeout_s=max(1.0, ctx.remaining()))
+    diag = (getattr(ctx.world, "prefetched", None) or {}).pop(inst.pk, None)  # collected with its turn (agent.diagnosis.prefetch)
+    if diag is None:
+        diag = run_diagnosis(inst, worker=ctx.world.worker_for(inst), timeout_s=max(1.0, ctx.remaining()))
     ctx.world.add_diagnosis(diag)
     return {
         "instance_id": inst.external_id,
