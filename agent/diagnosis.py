@@ -105,10 +105,15 @@ def prefetch(world, instance_ids: list, *, timeout_s: float = 30) -> int:
     (:func:`diagnose_fanout`). Each call then takes its instance's verdict from
     ``world.prefetched`` instead of collecting again. Returns how many were prefetched; never
     raises (a call whose instance was not prefetched collects on its own)."""
+    from django.db import connection
+
+    from fleet.clock import clock
     from fleet.models import Instance
 
     ids = list(dict.fromkeys(i for i in instance_ids if isinstance(i, str)))
-    if len(ids) < 2:
+    if len(ids) < 2 or clock.virtual or connection.in_atomic_block:
+        # replay (virtual time) stays deterministic, one call after another; inside a transaction
+        # the pool's own connections could not see its rows: each call collects on its own
         return 0
     instances = list(Instance.objects.filter(external_id__in=ids, killed_at__isnull=True))
     workers = {i.pk: world.worker_for(i) for i in instances}

@@ -58,7 +58,7 @@ WORKER_LOG_LINES = 80
 #: per-command seconds (each command; the connection has its own budget, fleet.ssh)
 COMMAND_TIMEOUT_S = 10.0
 #: instances diagnosed at once in one process (:func:`diagnose_many`)
-MAX_PARALLEL = 32
+MAX_PARALLEL = 16
 
 #: one line of ``nvidia-smi -L``
 _GPU_LINE = re.compile(r"^GPU \d{1,4}:", re.M)
