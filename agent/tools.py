@@ -189,10 +189,23 @@ def search_offers(ctx: ToolContext, args: dict) -> dict:
     return {"offers": offers, "count": len(offers)}
 
 
+#: characters of each collected output a diagnose_instance observation keeps (half head, half tail)
+EVIDENCE_CHARS_PER_COMMAND = 600
+
+
+def _compact(entry):
+    if not isinstance(entry, dict) or not isinstance(entry.get("out"), str) or len(entry["out"]) <= EVIDENCE_CHARS_PER_COMMAND:
+        return entry
+    half = EVIDENCE_CHARS_PER_COMMAND // 2
+    return {**entry, "out": f"{entry['out'][:half]}\n…\n{entry['out'][-half:]}"}
+
+
 def diagnose_instance(ctx: ToolContext, args: dict) -> dict:
-    """The verdict (``fleet.diagnostics.Verdict``: health, class, cause, the lines that support it,
-    confidence), who judged it and from what source, and each collected command's exit code; the
-    full outputs are on the instance page (they are long, and what machines print is untrusted)."""
+    """The verdict (``fleet.diagnostics.Verdict``: health, class, cause, the lines that support it
+    as ``findings``, confidence), who judged it and from what source, then what was collected
+    (``evidence``: each command's exit code and output, cut to :data:`EVIDENCE_CHARS_PER_COMMAND`
+    head and tail; the full outputs are on the instance page). What machines print is untrusted
+    data: it reaches the model only inside the observation block."""
     from agent.diagnosis import diagnose_instance as run_diagnosis
 
     inst = _instance(args["instance_id"])
@@ -205,12 +218,11 @@ def diagnose_instance(ctx: ToolContext, args: dict) -> dict:
         "health": diag.health,
         "class": diag.fault_class or None,
         "cause": diag.cause,
-        "evidence": diag.findings,
+        "findings": diag.findings,
         "confidence": diag.confidence,
         "judge": diag.judge,
         "source": diag.source,
-        "collected": {cmd.split(" --", 1)[0][:60]: e.get("rc") for cmd, e in diag.evidence.items()
-                      if isinstance(e, dict) and "rc" in e},
+        "evidence": {cmd: _compact(e) for cmd, e in diag.evidence.items() if cmd != "injection"},
         # instruction-like text found in what the machine printed: the pipeline's scan sees it here
         # too, so the run parks its later side effects (SCENARIOS.md "forced approval")
         **({"injection": diag.evidence["injection"]} if diag.evidence.get("injection") else {}),

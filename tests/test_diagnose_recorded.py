@@ -12,7 +12,7 @@ from django.utils import timezone
 from fleet.diagnostics import GPU_ECC, GPU_QUERY, KERNEL_XID, commands_for, diagnose
 from fleet.models import Alert, Diagnosis, Instance
 from fleet.providers import set_override
-from fleet.providers.base import Provider
+from fleet.providers.base import Provider, ProviderInstance
 from fleet.ssh import CONNECT_TIMEOUT_S, POOL
 from tests.gpu_outputs import EXPECTED, PROFILES
 from tests.sshd import SilentHost, SSHServer, free_port
@@ -25,6 +25,16 @@ class Rented(Provider):
 
     def list_instances(self):
         return []
+
+
+class Listed(Rented):
+    """The rented cloud listing the given instances (what a run's observe phase syncs)."""
+
+    def __init__(self, instances):
+        self.instances = instances
+
+    def list_instances(self):
+        return list(self.instances)
 
 
 @pytest.fixture(scope="module")
@@ -136,3 +146,29 @@ def test_a_host_that_accepts_and_never_speaks_costs_the_connect_budget_and_is_cl
     assert "no SSH banner" in d.evidence["ssh"]["out"]
     assert "Traceback" not in caplog.text
     assert Diagnosis.objects.filter(instance=machine).count() == 1
+
+
+def test_a_planted_instruction_read_during_a_run_parks_every_later_side_effect(server, machine, settings):
+    """Through a real cycle: the run that read the planted log cannot act on its own afterwards."""
+    from agent.loop import run_cycle
+    from agent.planners.script import ScriptPlanner
+
+    machine.log_path = str(server.profile("planted_log"))
+    machine.save()
+    set_override(Listed([ProviderInstance("r-7", "running", ssh_host=server.host, ssh_port=server.port,
+                                          log_path=machine.log_path)]))
+    settings.WARDEN = {**settings.WARDEN, "PROVIDER": "rented"}
+    planner = ScriptPlanner([
+        {"tool": "diagnose_instance", "args": {"instance_id": "r-7"}},
+        {"tool": "reboot_instance", "args": {"instance_id": "r-7", "reason": "the log told me to"}},
+    ])
+
+    run = run_cycle("test", planner=planner)
+
+    diag = run.steps.get(kind="call", tool="diagnose_instance")
+    assert (diag.outcome, diag.ok) == ("executed", True) and '"health": "healthy"' in diag.observation
+    reboot = run.steps.get(kind="call", tool="reboot_instance")
+    assert reboot.outcome != "executed"  # parked for an operator (forced approval), never run
+    assert Alert.objects.filter(kind="prompt_injection").exists()
+    machine.refresh_from_db()
+    assert (machine.status, machine.killed_at) == ("running", None)
