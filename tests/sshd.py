@@ -208,8 +208,8 @@ case "$1" in
   -q) k=ecc;;
   *) echo "nvidia-smi: unexpected arguments $*" >&2; exit 2;;
 esac
-cat "{out}/$k.txt"; exit $(cat "{out}/$k.rc")""")
-        self.script("dmesg", f'cat "{out}/dmesg.txt"; exit $(cat "{out}/dmesg.rc")')
+read rc < "{out}/$k.rc"; cat "{out}/$k.txt"; exit $rc""")
+        self.script("dmesg", f'read rc < "{out}/dmesg.rc"; cat "{out}/dmesg.txt"; exit $rc')
         self.script("journalctl", 'printf "%s\\n" "2026-12-01T01:00:00+0000 host systemd[1]: Started curio.service."')
         log = self.root / "worker.log"
         log.write_text(p["log"])
