@@ -235,6 +235,11 @@ def process_turn(tc, turn) -> TurnResult:
         if d.action == "park":
             park(tc, d)
             result.parked = True
+    from agent.diagnosis import prefetch
+
+    # several diagnoses in one turn are collected in parallel first (issue 10 §2); each call's step
+    # then records its own verdict as usual
+    prefetch(tc.world, [d.args.get("instance_id") for d in decisions if d.action == "run" and d.step.tool == "diagnose_instance"])
     for i, d in enumerate(decisions):
         if d.action != "run":
             continue

@@ -56,6 +56,7 @@ DEFAULT_LIMITS = {
     "observation_max_chars": 4000,  # longer observations are cut head and tail
     "repeat_reminders": [3, 5, 8],  # advisory repeat reminder thresholds (seed 003)
     "diagnosis_fresh_min": 15,  # stop/destroy need a diagnosis this fresh
+    "network_recheck_min": 2,  # a network-class diagnosis (SSH unreachable) is taken again after this (issue 10 §2)
     "approval_expiry_min": 30,
     "provisioning_limit_min": 180,  # stuck created/loading/scheduling past this is terminal
     # SCENARIOS.md "terminal instances", "starvation" and the reason table

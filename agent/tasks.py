@@ -108,3 +108,19 @@ def deliver_notification(self, pk: int):
     if n is not None and n.status == "retrying":
         raise self.retry(countdown=60 * 2 ** self.request.retries)
     return n.status if n is not None else None
+
+
+@shared_task(name="agent.tasks.diagnose_instances", acks_late=True)
+def diagnose_instances(instance_pks: list, workers: dict | None = None, timeout_s: float = 30) -> int:
+    """One chunk of a diagnosis fan-out (``agent.diagnosis.diagnose_fanout``): diagnose these
+    instances in this worker's thread pool and store their diagnoses. ``workers`` maps each pk (as a
+    string) to its worker view (``live``, ``unschedulable``, ``owned_tasks``) or ``None``. Returns
+    how many were diagnosed."""
+    from types import SimpleNamespace
+
+    from agent.diagnosis import diagnose_instances as run
+    from fleet.models import Instance
+
+    views = {int(pk): SimpleNamespace(**w) for pk, w in (workers or {}).items() if w}
+    instances = list(Instance.objects.filter(pk__in=instance_pks, killed_at__isnull=True))
+    return len(run(instances, workers=views, timeout_s=timeout_s))

@@ -129,19 +129,43 @@ def search_offers(ctx: ToolContext, args: dict) -> dict:
     return {"offers": offers, "count": len(offers)}
 
 
+#: characters of each collected output a diagnose_instance observation keeps (half head, half tail)
+EVIDENCE_CHARS_PER_COMMAND = 600
+
+
+def _compact(entry):
+    if not isinstance(entry, dict) or not isinstance(entry.get("out"), str) or len(entry["out"]) <= EVIDENCE_CHARS_PER_COMMAND:
+        return entry
+    half = EVIDENCE_CHARS_PER_COMMAND // 2
+    return {**entry, "out": f"{entry['out'][:half]}\n…\n{entry['out'][-half:]}"}
+
+
 def diagnose_instance(ctx: ToolContext, args: dict) -> dict:
-    from fleet.diagnostics import diagnose
+    """The verdict (``fleet.diagnostics.Verdict``: health, class, cause, the lines that support it
+    as ``findings``, confidence), who judged it and from what source, then what was collected
+    (``evidence``: each command's exit code and output, cut to :data:`EVIDENCE_CHARS_PER_COMMAND`
+    head and tail; the full outputs are on the instance page). What machines print is untrusted
+    data: it reaches the model only inside the observation block."""
+    from agent.diagnosis import diagnose_instance as run_diagnosis
 
     inst = _instance(args["instance_id"])
-    diag = diagnose(inst, worker=ctx.world.worker_for(inst), timeout_s=max(1.0, ctx.remaining()))
+    diag = (getattr(ctx.world, "prefetched", None) or {}).pop(inst.pk, None)  # collected with its turn (agent.diagnosis.prefetch)
+    if diag is None:
+        diag = run_diagnosis(inst, worker=ctx.world.worker_for(inst), timeout_s=max(1.0, ctx.remaining()))
     ctx.world.add_diagnosis(diag)
     return {
         "instance_id": inst.external_id,
         "health": diag.health,
         "class": diag.fault_class or None,
         "cause": diag.cause,
+        "findings": diag.findings,
+        "confidence": diag.confidence,
+        "judge": diag.judge,
         "source": diag.source,
-        "evidence": diag.evidence,
+        "evidence": {cmd: _compact(e) for cmd, e in diag.evidence.items() if cmd != "injection"},
+        # instruction-like text found in what the machine printed: the pipeline's scan sees it here
+        # too, so the run parks its later side effects (SCENARIOS.md "forced approval")
+        **({"injection": diag.evidence["injection"]} if diag.evidence.get("injection") else {}),
     }
 
 

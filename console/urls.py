@@ -38,6 +38,7 @@ urlpatterns = [
     path("instances/<str:external_id>/", instances.instance_page, name="instance"),
     path("instances/<str:external_id>/act/", instances.instance_action, name="instance_action"),
     path("instances/<str:external_id>/timeline/", timeline.timeline_page, name="instance_timeline"),
+    path("instances/<str:external_id>/diagnose/", instances.diagnose_now, name="diagnose_now"),
     path("api/instances/<str:external_id>/<str:action>/", api.api_instance_action, name="api_instance_action"),
     path("settings/", settings.settings_page, name="settings"),
     path("notifications/", notifications.notifications_page, name="notification_settings"),

@@ -137,7 +137,9 @@ class Diagnosis(models.Model):
     """A verdict on one instance's health from evidence gathered over SSH or from the provider.
 
     ``health``: healthy | degraded | failed. ``fault_class``: host | container | app | network
-    (empty when healthy). ``evidence`` maps each command run to ``{"rc": int, "out": str}``.
+    (empty when none). ``evidence`` maps each command run to ``{"rc": int, "out": str}`` (redacted);
+    ``findings`` are the verdict's own evidence lines, ``confidence`` its 0..1 confidence and
+    ``judge`` who gave it (``rules`` or ``model``; ``fleet.diagnostics.Verdict``).
     """
 
     HEALTH = [("healthy", "healthy"), ("degraded", "degraded"), ("failed", "failed")]
@@ -148,6 +150,9 @@ class Diagnosis(models.Model):
     cause = models.TextField(blank=True)
     source = models.CharField(max_length=10, default="ssh")
     evidence = models.JSONField(default=dict, blank=True)
+    findings = models.JSONField(default=list, blank=True)
+    confidence = models.FloatField(null=True, blank=True)
+    judge = models.CharField(max_length=10, default="rules")
 
     class Meta:
         ordering = ["-taken_at"]

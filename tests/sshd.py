@@ -42,20 +42,20 @@ DRIVER_NOT_LOADED = (
 )
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` (a loopback address) that nothing listens on right now."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
-def _wait_listening(port: int, proc: subprocess.Popen, timeout: float = 10.0) -> None:
+def _wait_listening(port: int, proc: subprocess.Popen, timeout: float = 10.0, host: str = "127.0.0.1") -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"sshd exited with code {proc.returncode}")
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+            with socket.create_connection((host, port), timeout=0.5) as s:
                 if s.recv(64).startswith(b"SSH-"):
                     return
         except OSError:
@@ -72,9 +72,13 @@ class SSHServer:
     ``proc`` (the sshd process). :meth:`stop` ends sshd and every session process it started.
     """
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, extra_hosts: list[str] | None = None):
         self.root = Path(root)
         self.host = "127.0.0.1"
+        #: further loopback addresses (``127.0.1.1`` …) the same sshd listens on, each a "host" of its
+        #: own for the client (one pooled connection each): the fan-out bench. sshd takes at most 16
+        #: listen sockets in all (its MAX_LISTEN_SOCKS)
+        self.extra_hosts = list(extra_hosts or [])
         self.port = 0
         self.user = os.environ.get("USER") or _current_user()
         self.bin_dir = self.root / "bin"
@@ -94,17 +98,21 @@ class SSHServer:
         # paramiko cannot write Ed25519 private keys; RSA for the host and the client
         hk = paramiko.RSAKey.generate(2048)
         hk.write_private_key_file(str(host_key))
-        client = paramiko.RSAKey.generate(2048)
-        client.write_private_key_file(str(self.key_file))
+        if self.key_file.exists():  # a key given by the caller (several servers, one client key)
+            client = paramiko.RSAKey.from_private_key_file(str(self.key_file))
+        else:
+            client = paramiko.RSAKey.generate(2048)
+            client.write_private_key_file(str(self.key_file))
         os.chmod(self.key_file, 0o600)
         os.chmod(host_key, 0o600)
         (self.root / "authorized_keys").write_text(f"{client.get_name()} {client.get_base64()} warden-test\n")
-        self.port = free_port()
+        self.port = free_port(self.host)
         config = self.root / "sshd_config"
         config.write_text(
             "\n".join([
                 f"Port {self.port}",
-                "ListenAddress 127.0.0.1",
+                f"ListenAddress {self.host}",
+                *(f"ListenAddress {h}" for h in self.extra_hosts),
                 f"HostKey {host_key}",
                 f"PidFile {self.root / 'sshd.pid'}",
                 f"AuthorizedKeysFile {self.root / 'authorized_keys'}",
@@ -117,7 +125,7 @@ class SSHServer:
                 "PrintMotd no",
                 "PrintLastLog no",
                 "UseDNS no",
-                "MaxStartups 100",
+                "MaxStartups 200",
                 "MaxSessions 50",
                 f"SetEnv PATH={self.bin_dir}:/usr/local/bin:/usr/bin:/bin",
                 "",
@@ -132,7 +140,7 @@ class SSHServer:
                 start_new_session=True,
             )
         try:
-            _wait_listening(self.port, self.proc)
+            _wait_listening(self.port, self.proc, host=self.host)
         except RuntimeError as exc:
             self.stop()
             raise RuntimeError(f"{exc}; log: {self.log()}") from None
@@ -180,6 +188,33 @@ class SSHServer:
         pause = f"sleep {sleep_s}\n" if sleep_s else ""
         return self.script(name, f"{pause}printf '%s\\n' '{quoted}'{redirect}\nexit {rc}")
 
+    def profile(self, name: str) -> Path:
+        """Serve the recorded outputs of ``tests.gpu_outputs.PROFILES[name]``: a fake ``nvidia-smi``
+        answering ``-L``, ``--query-gpu=…`` and ``-q`` with their recorded text and exit code, a fake
+        ``dmesg``, a fake ``journalctl`` and the worker's log file. Returns the log file's path."""
+        from tests.gpu_outputs import PROFILES
+
+        p = PROFILES[name]
+        out = self.root / "out"
+        out.mkdir(exist_ok=True)
+        for key in ("-L", "query", "ecc", "dmesg"):
+            rc, text = p[key]
+            (out / f"{key}.txt").write_text(text if text.endswith("\n") else text + "\n")
+            (out / f"{key}.rc").write_text(str(rc))
+        self.script("nvidia-smi", f"""
+case "$1" in
+  -L) k=-L;;
+  --query-gpu=*) k=query;;
+  -q) k=ecc;;
+  *) echo "nvidia-smi: unexpected arguments $*" >&2; exit 2;;
+esac
+read rc < "{out}/$k.rc"; cat "{out}/$k.txt"; exit $rc""")
+        self.script("dmesg", f'read rc < "{out}/dmesg.rc"; cat "{out}/dmesg.txt"; exit $rc')
+        self.script("journalctl", 'printf "%s\\n" "2026-12-01T01:00:00+0000 host systemd[1]: Started curio.service."')
+        log = self.root / "worker.log"
+        log.write_text(p["log"])
+        return log
+
     def remove(self, name: str) -> None:
         """Remove a fake command; a real one must not exist either (the shell answers rc 127)."""
         (self.bin_dir / name).unlink(missing_ok=True)
@@ -194,6 +229,50 @@ class SSHServer:
             return len(psutil.Process(self.proc.pid).children())
         except psutil.Error:
             return 0
+
+
+class SilentHost:
+    """A TCP listener on a free loopback port that accepts connections and never sends a byte (an
+    SSH port whose daemon hangs): the client must give up at its banner timeout. Context manager;
+    ``host``, ``port``, ``accepted`` (connections accepted so far)."""
+
+    def __init__(self, host: str = "127.0.0.1"):
+        import threading
+
+        self.host = host
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((host, 0))
+        self.sock.listen(128)
+        self.port = self.sock.getsockname()[1]
+        self.accepted = 0
+        self._held: list[socket.socket] = []
+        self._stop = False
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        self.sock.settimeout(0.2)
+        while not self._stop:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            self.accepted += 1
+            self._held.append(conn)  # held open, silent
+
+    def close(self) -> None:
+        self._stop = True
+        self._thread.join(timeout=2)
+        for c in self._held:
+            c.close()
+        self.sock.close()
+
+    def __enter__(self) -> "SilentHost":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def _current_user() -> str:

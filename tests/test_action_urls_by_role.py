@@ -36,6 +36,7 @@ def routes(approval_pk: int, alert_pk: int, user_pk: int) -> dict[str, tuple[str
         "notification_settings": ("/notifications/", {"email": "a@example.test", "kind": ["alert"]}, "operator"),
         "notification_test": ("/notifications/test/", {}, "operator"),
         "instance_action": ("/instances/v-2/act/", {"action": "reboot", "reason": "x"}, "operator"),
+        "diagnose_now": ("/instances/v-2/diagnose/", {}, "operator"),
         "api_instance_action": ("/api/instances/v-2/reboot/", {"reason": "x"}, "operator"),
         "settings": ("/settings/", {"reason": "x", "limits__max_dph": "1"}, "operator"),
         "set_observe_only": ("/actions/observe-only/", {"on": "1"}, "operator"),
@@ -120,7 +121,7 @@ def test_operators_may_act_but_not_manage_users(client, alice, world, broker_que
             assert resp.status_code not in (401, 403) and not _refused_to_login(resp, url), (name, resp.status_code)
     assert not User.objects.filter(username="dave").exists() and User.objects.get(pk=carol.pk).is_active
     done = set(AuditLog.objects.filter(actor="user:alice").values_list("verb", flat=True))
-    assert {"ack_alert", "approve_call", "chat_message", "demo_enqueue", "observe_now", "reboot_instance",
+    assert {"ack_alert", "approve_call", "chat_message", "demo_enqueue", "diagnose", "observe_now", "reboot_instance",
             "reset_session", "set_observe_only", "set_target", "update_memory", "delete_memory", "silence_alert",
             "unsilence_alert", "notification_settings", "notify_test"} <= done
 

@@ -200,7 +200,8 @@ def test_faults_fail_the_next_requests_with_the_right_kind():
 
 
 def test_ssh_runner_answers_from_the_file():
-    from fleet.diagnostics import Unreachable, collect
+    from fleet.diagnostics import collect
+    from fleet.ssh import Unreachable
 
     fleet = [
         {"id": "v-1", "ssh": {"reachable": True, "commands": {"nvidia-smi": {"rc": 9, "out": "short"},

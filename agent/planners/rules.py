@@ -8,8 +8,11 @@ Policy (autoscalers.md §1.7; seed 002):
    ones — ``P0`` when no worker is live (an emergency), ``P1`` otherwise.
 2. Replace, don't scale down, terminal instances (exited/error/unknown/offline, stuck
    provisioning, or diagnosed failed/host): destroy them; the replacement follows from rule 1.
-3. Expected workers that are dead are diagnosed first, then repaired (rebooted) — or replaced
-   when the diagnosis blames the host — and, with nothing live and work queued, escalated.
+3. Expected workers that are dead are diagnosed first, then acted on by the diagnosis' class
+   (issue 10 §2): ``host`` (failed, on the machine's own evidence) → replaced (destroyed; rule 1
+   launches the replacement) and the machine remembered as bad; ``container`` or ``app`` →
+   rebooted; ``network`` (SSH unreachable) → diagnosed again after ``network_recheck_min``, never
+   destroyed or rebooted on one failure. With nothing live and work queued, escalated.
 4. Retire idle workers only when demand is ``ok``, nothing is queued, in the backlog or running, no expected
    worker is dead, the queue has been empty for the dwell and no launch happened within the
    hold-off; diagnose each first, then stop those diagnosed healthy (they own no tasks). A stopped
@@ -109,6 +112,33 @@ def sizing(world) -> Sizing:
     return Sizing(desired, active, terminal, resume, need - len(resume), "P0" if not d.workers_live else "P1")
 
 
+def needs_diagnosis(inst, world) -> bool:
+    """Whether ``inst`` should be diagnosed now: no fresh diagnosis, or a network-class one (SSH
+    unreachable) older than ``network_recheck_min`` — diagnose again later, never act on one
+    failed connection (issue 10 §2)."""
+    d = world.fresh_diagnosis(inst)
+    if d is None:
+        return True
+    recheck = timedelta(minutes=getattr(world.limits, "network_recheck_min", 2))
+    return d.fault_class == "network" and clock.now() - d.taken_at >= recheck
+
+
+def bad_machine_fact(inst, diag) -> dict:
+    """``remember`` arguments recording ``inst``'s machine as bad after a host-class diagnosis
+    (seed 002 "remember"; gpu-faults.md §4.1: "destroy + avoid that machine_id"). Keyed by the
+    provider's machine id when the instance has one, else by provider, SSH endpoint and id."""
+    machine = getattr(inst, "machine_id", "") or ""
+    where = f"machine {machine}" if machine else f"{inst.provider} {inst.external_id}" + (
+        f" ({inst.ssh_host}:{inst.ssh_port})" if inst.ssh_host else "")
+    return {
+        "category": "machine_perf",
+        "key": f"bad host {where}"[:200],
+        "value": f"avoid {where} ({inst.gpu_name or 'gpu?'}): host-level fault diagnosed "
+                 f"{diag.taken_at:%Y-%m-%d %H:%M} UTC: {diag.cause}"[:4000],
+        "importance": 0.9,
+    }
+
+
 def allowed(calls: list[Proposal], world) -> list[Proposal]:
     """``calls`` without those the policy table forbids: the built-in planner never proposes a
     forbidden tool (that would halt the run with ``forbidden_tool`` and abort the launch batched
@@ -181,6 +211,9 @@ class RulesPlanner(Planner):
         for inst in size.terminal:
             why = is_terminal(inst, world)[1]
             calls.append(Proposal("destroy_instance", {"instance_id": inst.external_id, "reason": f"terminal: {why}"}))
+            diag = world.fresh_diagnosis(inst)
+            if why.startswith("diagnosed failed (host)") and diag is not None:
+                calls.append(Proposal("remember", bad_machine_fact(inst, diag)))
         active = size.active
         backlog = f" (+{d.backlog} in the backlog)" if d.backlog else ""
         # an instance we stopped earlier is resumed before anything new is rented
@@ -194,10 +227,10 @@ class RulesPlanner(Planner):
                 "launch_priority": size.priority,
                 "reason": f"{d.queued} queued{backlog}, {d.workers_live} live; want {size.desired} workers for {world.limits.target_proofs_hr:g} proofs/hr",
             }))
-        # repair before replace: dead expected workers get diagnosed
+        # repair before replace: dead expected workers get diagnosed (again, after a network verdict)
         for inst in active:
             w = world.worker_for(inst)
-            if inst.status == "running" and w is not None and not w.live and not w.unschedulable and world.fresh_diagnosis(inst) is None:
+            if inst.status == "running" and w is not None and not w.live and not w.unschedulable and needs_diagnosis(inst, world):
                 calls.append(Proposal("diagnose_instance", {"instance_id": inst.external_id}))
         for inst in [*self._retire_candidates(world), *self._long_stopped(world)]:
             if world.fresh_diagnosis(inst) is None:
@@ -210,7 +243,7 @@ class RulesPlanner(Planner):
                 unique.append(p)
         return Turn(calls=unique, batch=len(unique) > 1)
 
-    def repair_turn(self, world, proposed: set[str]) -> Turn:
+    def repair_turn(self, world, proposed: set[str], remembered: frozenset = frozenset()) -> Turn:
         """Repair before replace (Ray restarts on heartbeat loss; curio.md "restart curio"):
         a running instance whose worker is dead and whose fresh diagnosis is not healthy is
         rebooted, or destroyed as a replacement when the fault is the host's. With no worker
@@ -223,9 +256,14 @@ class RulesPlanner(Planner):
                 continue
             if diag.health == "healthy" or inst.external_id in proposed:
                 continue
+            if diag.fault_class == "network":
+                continue  # one failed connection is no verdict: diagnosed again later (first_turn)
             if diag.health == "failed" and diag.fault_class == "host" and from_machine(diag):
                 if not inst.is_owned_host:
                     calls.append(Proposal("destroy_instance", {"instance_id": inst.external_id, "reason": f"replace: {diag.cause}"}))
+                fact = bad_machine_fact(inst, diag)
+                if fact["key"] not in remembered:
+                    calls.append(Proposal("remember", fact))
             else:
                 calls.append(Proposal("reboot_instance", {
                     "instance_id": inst.external_id,
@@ -233,10 +271,11 @@ class RulesPlanner(Planner):
                 }))
         calls = allowed(calls, world)
         d = world.demand
-        if calls and d.state == "ok" and d.queued and not d.workers_live:
+        repairs = [p for p in calls if "instance_id" in p.args]
+        if repairs and d.state == "ok" and d.queued and not d.workers_live:
             # proposed, not done: each call still passes the guards and policy, and the outcome
             # is in the run's report (issue 9 §1.3: never say an action happened that was refused)
-            what = ", ".join(f"{p.tool.removesuffix('_instance')} {p.args['instance_id']}" for p in calls)
+            what = ", ".join(f"{p.tool.removesuffix('_instance')} {p.args['instance_id']}" for p in repairs)
             calls.append(Proposal("escalate_human", {
                 "severity": "P1",
                 "message": f"every expected worker is dead with {d.queued} tasks queued; proposed repair ({what}), "
@@ -276,7 +315,8 @@ class RulesPlanner(Planner):
         steps = ctx.call_steps()
         if not any(s.tool in ("reboot_instance", "escalate_human") for s in steps):
             proposed = {(s.args or {}).get("instance_id") for s in steps if s.tool == "destroy_instance"}
-            turn = self.repair_turn(ctx.world, proposed)
+            remembered = frozenset((s.args or {}).get("key") for s in steps if s.tool == "remember")
+            turn = self.repair_turn(ctx.world, proposed, remembered)
             if turn.calls:
                 return turn
         retire_proposed = any(

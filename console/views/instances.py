@@ -183,3 +183,27 @@ def instance_action(request: HtmxHttpRequest, external_id: str) -> HttpResponse:
         request, request_key=uuid.uuid4().hex, result=result, form_values=request.POST, **instance_context(inst)
     )
     return render(request, "console/instance.html", ctx, status=status)
+
+
+@operator_required
+def diagnose_now(request: HtmxHttpRequest, external_id: str) -> HttpResponse:
+    """"Diagnose now" (POST): diagnose the instance at once (``agent.diagnosis.do_diagnose``: the
+    SSH collector and the configured judge, audited). htmx gets the instance region back with the
+    new diagnosis on top; a browser a redirect to the instance page with the verdict as a message.
+    A killed instance answers 409 with why."""
+    from agent.diagnosis import do_diagnose
+
+    inst = _instance(external_id)
+    try:
+        d = do_diagnose(inst, actor=actor_of(request))
+    except ValueError as exc:
+        if request.htmx:
+            return HttpResponse(str(exc), status=409)
+        messages.error(request, str(exc))
+        return redirect(f"/instances/{inst.external_id}/")
+    text = f"diagnosed {inst.external_id}: {d.health} ({d.fault_class or 'no fault class'}) — {d.cause}"
+    if request.htmx:
+        ctx = _page_context(request, request_key=uuid.uuid4().hex, diagnosed=text, **instance_context(inst))
+        return render(request, "console/partials/instance.html", ctx)
+    messages.success(request, text)
+    return redirect(f"/instances/{inst.external_id}/")

@@ -122,7 +122,7 @@ class Provider:
             return None
         import os
 
-        from fleet.diagnostics import SSHRunner
+        from fleet.ssh import SSHRunner
 
         return SSHRunner(
             instance.ssh_host,

@@ -22,7 +22,7 @@ error          ProviderError ``kind``      raised as
 
 ``ssh_refused`` / ``ssh_timeout`` (call ``ssh``) apply to :class:`ScenarioCommandRunner`, the
 SSH side of diagnosis (``Provider.command_runner``): connecting raises
-``fleet.diagnostics.Unreachable`` instead of answering.
+``fleet.ssh.Unreachable`` instead of answering.
 """
 
 from __future__ import annotations
@@ -347,8 +347,8 @@ class ScenarioProvider(Provider):
 class ScenarioCommandRunner:
     """Answers diagnosis commands for one instance from its ``fleet[].ssh`` block.
 
-    Same shape as ``fleet.diagnostics.SSHRunner``: a context manager (connecting raises
-    ``fleet.diagnostics.Unreachable``) whose ``run(command, timeout_s)`` returns ``(rc, output)``.
+    Same shape as ``fleet.ssh.SSHRunner``: a context manager (connecting raises
+    ``fleet.ssh.Unreachable``) whose ``run(command, timeout_s)`` returns ``(rc, output)``.
     A key of ``ssh.commands`` matches a command that starts with it; the longest key wins. A
     command no key matches answers rc 127 "command not found" (missing evidence, not a failure).
     ``reachable: false`` refuses the connection; an ``ssh_refused`` fault refuses it, an
@@ -362,7 +362,7 @@ class ScenarioCommandRunner:
         self.broken = False  # never: a scenario session does not drop mid-step
 
     def __enter__(self):
-        from fleet.diagnostics import Unreachable
+        from fleet.ssh import Unreachable
 
         error = self.faults.take("ssh")
         if error == "ssh_timeout":
@@ -372,7 +372,7 @@ class ScenarioCommandRunner:
             raise Unreachable(f"ssh {self.host}:22: [Errno 111] Connection refused")
         return self
 
-    def run(self, command: str, timeout_s: float = 10) -> tuple[int, str]:
+    def run(self, command: str, timeout_s: float = 10, keep: str = "head") -> tuple[int, str]:
         """The file's answer to ``command``: ``(rc, out)``; rc 127 when no key matches."""
         self.commands_run.append(command)
         commands = self.ssh.get("commands") or {}

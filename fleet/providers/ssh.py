@@ -46,11 +46,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fleet.providers.base import Provider, ProviderError, ProviderInstance
-
-try:  # the SSH transport is moving to fleet.ssh (issue 8, diagnostics); either home works
-    from fleet.ssh import SSHRunner, Unreachable
-except ImportError:  # pragma: no cover — before that move lands
-    from fleet.diagnostics import SSHRunner, Unreachable
+from fleet.ssh import SSHRunner, Unreachable
 
 #: the setting naming the hosts file
 HOSTS_FILE_ENV = "WARDEN_SSH_HOSTS_FILE"
