@@ -437,6 +437,10 @@ def diagnose(instance: Instance, *, worker=None, timeout_s: float = 30, judge_fn
         evidence["injection"] = [{"command": c, "fragment": f[:120]} for c, f in hits]
         raise_alert("prompt_injection", f"instruction-like text in the diagnose_instance evidence of {instance.external_id} "
                     f"({_short(cmd)}): {fragment[:120]}", severity="P1", key=f"prompt_injection:diagnosis:{instance.external_id}")
+    if verdict.fault_class == "host":  # gpu-faults.md §4.1: replace it and avoid that machine in later offers
+        from fleet.machines import remember_failure
+
+        remember_failure(instance, f"host fault diagnosed: {redact(verdict.cause)}")
     return Diagnosis.objects.create(
         instance=instance, taken_at=clock.now(), health=verdict.health,
         fault_class="" if verdict.fault_class == "none" else verdict.fault_class, cause=redact(verdict.cause),

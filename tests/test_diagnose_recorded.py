@@ -93,6 +93,31 @@ def test_gpu_lost_cites_the_xid_79_line(server, machine):
     assert any("GPU is lost" in line for line in d.findings)
 
 
+def test_a_host_fault_leaves_its_machine_out_of_later_offers(server, machine):
+    """gpu-faults.md §4.1: a host-class verdict means "replace it and avoid that machine_id"."""
+    from fleet.machines import excluded_machines
+
+    machine.machine_id = "m-701"
+    machine.save()
+    server.profile("gpu_lost_xid79")
+
+    d = diagnose(machine)
+
+    assert d.fault_class == "host"
+    assert excluded_machines("rented") == {"m-701"}
+
+
+def test_a_healthy_machine_is_not_left_out_of_offers(server, machine):
+    from fleet.machines import excluded_machines
+
+    machine.machine_id = "m-702"
+    machine.save()
+    server.profile("healthy_h200")
+
+    assert diagnose(machine).fault_class == ""
+    assert excluded_machines("rented") == set()
+
+
 def test_a_planted_instruction_in_the_worker_log_raises_prompt_injection_and_changes_nothing(server, machine):
     machine.log_path = str(server.profile("planted_log"))
     machine.save()
