@@ -6,6 +6,7 @@ extension, console.css/js) are served by ``ASGIStaticFilesHandler`` under ``STAT
 ``daphne console.asgi:application`` serves a working console without a separate web server.
 """
 
+import atexit
 import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
@@ -30,3 +31,7 @@ application = ProtocolTypeRouter(
         ),
     }
 )
+
+from console.shutdown import say_shutdown  # noqa: E402
+
+atexit.register(say_shutdown)  # Ctrl-C: say that the demo's workers keep running and how to end them

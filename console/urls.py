@@ -24,6 +24,7 @@ urlpatterns = [
     path("runs/<int:number>/", runs.run_detail, name="run"),
     path("approvals/", approvals.approvals_page, name="approvals"),
     path("approvals/<int:pk>/decide/", approvals.decide_approval, name="decide_approval"),
+    path("approvals/bulk/", approvals.bulk_decide, name="bulk_decide"),
     path("alerts/", alerts.alerts_page, name="alerts"),
     path("alerts/<int:pk>/ack/", alerts.ack_alert, name="ack_alert"),
     path("actions/", actions.actions_page, name="actions"),

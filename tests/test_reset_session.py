@@ -20,7 +20,12 @@ from tests.rails_support import rails_world, verdict
 def test_the_button_asks_for_confirmation_first(client, alice):
     client.force_login(alice)
     html = client.get("/").content.decode()
-    assert 'hx-confirm="Reset the session? The chat is cleared' in html and 'id="reset-session"' in html
+    assert 'hx-confirm="Start a new conversation? The chat is cleared' in html and 'id="reset-session"' in html
+    # it says what it clears and what it keeps, away from the demo's destructive buttons (issue 12 §1)
+    explained = html[html.index('id="reset-explained"'):]
+    assert "Clears:" in explained and "Keeps:" in explained and "Nothing on the fleet changes" in explained
+    controls = html[html.index('id="controls"'):html.index('id="controls"') + 3000]
+    assert "reset-session" not in controls.split("</div>")[0]
 
 
 @pytest.mark.django_db
@@ -41,7 +46,7 @@ def test_reset_clears_the_conversation_and_keeps_the_anchor_and_memory(client, a
         assert ShortTermMessage.objects.count() >= 2
 
         resp = client.post("/actions/reset/", {"reason": "new shift"}, headers={"HX-Request": "true"})
-        assert resp.status_code == 200 and "session reset" in resp.content.decode()
+        assert resp.status_code == 200 and "session reset: new conversation" in resp.content.decode()
 
         # the conversation is gone: chat, model context, short-term buffer
         html = client.get("/").content.decode()

@@ -61,11 +61,18 @@ def reset_session(request: HtmxHttpRequest) -> HttpResponse:
     runs stay on the Runs pages, run numbers keep counting, objectives and memory stay."""
     form = ResetForm(request.POST)
     if not form.is_valid():
-        return _flash_response(request, False, _form_errors(form))
-    state = do_reset_session(actor_of(request), form.cleaned_data.get("reason", "") or "operator pressed Reset session")
-    return _flash_response(
-        request, True, f"session reset: conversation epoch {state.epoch}", topics=("runs-changed", "chat-changed")
-    )
+        flash = {"ok": False, "text": _form_errors(form)}
+    else:
+        state = do_reset_session(actor_of(request), form.cleaned_data.get("reason", "") or "operator pressed Reset session")
+        flash = {"ok": True, "text": f"session reset: new conversation (epoch {state.epoch}); runs and settings kept"}
+    if request.htmx:
+        resp = render(request, "console/partials/reset_session.html", _page_context(request, reset_flash=flash),
+                      status=200)
+        if flash["ok"]:
+            trigger_client_event(resp, "runs-changed")
+            trigger_client_event(resp, "chat-changed")
+        return resp
+    return _flash_response(request, flash["ok"], flash["text"])
 
 
 # --- settings page ------------------------------------------------------------------------------
