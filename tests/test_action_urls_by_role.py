@@ -29,6 +29,7 @@ def routes(approval_pk: int, alert_pk: int, user_pk: int) -> dict[str, tuple[str
     fact_pk = MemoryFact.objects.values_list("pk", flat=True).first() or 0
     return {
         "decide_approval": (f"/approvals/{approval_pk}/decide/", {"decision": "approve"}, "operator"),
+        "bulk_decide": ("/approvals/bulk/", {"decision": "approve", "ids": [str(approval_pk)]}, "operator"),
         "ack_alert": (f"/alerts/{alert_pk}/ack/", {"comment": "mine"}, "operator"),
         "instance_action": ("/instances/v-2/act/", {"action": "reboot", "reason": "x"}, "operator"),
         "api_instance_action": ("/api/instances/v-2/reboot/", {"reason": "x"}, "operator"),
