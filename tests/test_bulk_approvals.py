@@ -30,12 +30,14 @@ def test_the_navigation_counts_waiting_approvals(client, alice, four):
     assert frag.strip().startswith('<span id="nav-approvals"') and ">3</span>" in frag
 
 
-def test_four_stops_are_approved_in_one_click(client, alice, four, broker_queue):
+def test_four_stops_are_approved_in_one_click(client, alice, four, broker_queue, django_capture_on_commit_callbacks):
     run, approvals, _ = four
     client.force_login(alice)
     page = client.get("/approvals/").content.decode()
     assert 'id="bulk-form"' in page and page.count('class="bulk-pick"') == 4
-    resp = client.post("/approvals/bulk/", {"decision": "approve", "ids": [str(a.pk) for a in approvals]}, headers=HX)
+    with django_capture_on_commit_callbacks(execute=True):
+        resp = client.post("/approvals/bulk/", {"decision": "approve", "ids": [str(a.pk) for a in approvals]},
+                           headers=HX)
     html = resp.content.decode()
     assert resp.status_code == 200 and "approved 4:" in html
     assert set(Approval.objects.filter(run=run).values_list("status", flat=True)) == {"approved"}
