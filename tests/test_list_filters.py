@@ -39,13 +39,15 @@ def test_the_fleet_filters_by_status_and_search_in_the_url(client, alice):
 
 
 def test_the_fleet_pages_and_the_links_keep_the_filter(client, alice):
-    for i in range(105):
+    for i in range(55):
         inst(f"local-{i:03d}")
     client.force_login(alice)
     first = client.get("/fleet/?status=running").content.decode()
-    assert "page 1 of 2 · 1–100 of 105" in first and 'href="/fleet/?status=running&amp;page=2"' in first
+    assert "page 1 of 2 · 1–50 of 55" in first and 'href="/fleet/?status=running&amp;page=2"' in first
     second = client.get("/fleet/?status=running&page=2").content.decode()
     assert second.count('class="row-actions"') == 5 and "local-000" in second
+    dash = client.get("/").content.decode()  # the dashboard: the newest 20 and the way to the rest
+    assert dash.count('class="row-actions"') == 20 and "newest 20 of 55 instances" in dash
 
 
 def test_a_bad_filter_is_a_400_that_names_it(client, alice):

@@ -35,7 +35,7 @@ from console.views.common import (
     actor_of,
     operator_required,
 )
-from console.views.fleet import fleet_context
+from console.views.fleet import FLEET_ON_DASHBOARD, fleet_context
 from console.views.runs import runs_context
 from fleet.clock import clock
 from fleet.models import BILLABLE_STATUSES, DemandSample, Instance
@@ -145,7 +145,7 @@ DASHBOARD_REGIONS = {
     "observe_only": ("console/partials/observe_only.html", observe_only_context),
     "cards": ("console/partials/cards.html", cards_context),
     "chat": ("console/partials/chat_log.html", chat_context),
-    "fleet": ("console/partials/fleet.html", lambda: fleet_context(False)),
+    "fleet": ("console/partials/fleet.html", lambda: fleet_context(False, per_page=FLEET_ON_DASHBOARD, compact=True)),
     "runs": ("console/partials/runs.html", lambda: runs_context(RUNS_ON_DASHBOARD)),
 }
 
@@ -161,7 +161,7 @@ def _dashboard_page(request, status: int = 200, **forms) -> HttpResponse:
     )
     ctx.update(cards_context())
     ctx.update(chat_context())
-    ctx.update(fleet_context(False))
+    ctx.update(fleet_context(False, per_page=FLEET_ON_DASHBOARD, compact=True))
     ctx.update(runs_context(RUNS_ON_DASHBOARD))
     ctx.update(inline_approvals_context())
     return render(request, "console/dashboard.html", ctx, status=status)

@@ -13,8 +13,10 @@ from django.views.decorators.http import require_GET
 from console.views.common import HtmxHttpRequest, _is_region, _page_context, page_number
 from fleet.models import PENDING_STATUSES, Instance
 
-#: instances per page of the fleet table
-FLEET_PAGE = 100
+#: instances per page of the fleet table (each row carries its action form)
+FLEET_PAGE = 50
+#: instances on the dashboard's fleet table (the rest: the fleet page)
+FLEET_ON_DASHBOARD = 20
 
 #: the status chips: each a name and the provider statuses it covers (``all`` covers every one)
 STATUS_CHIPS = {
@@ -39,10 +41,11 @@ def fleet_filters(params) -> dict:
 
 
 def fleet_context(show_killed: bool, status: str = "all", q: str = "", page: int = 1,
-                  per_page: int = FLEET_PAGE) -> dict:
+                  per_page: int = FLEET_PAGE, compact: bool = False) -> dict:
     """One page of instances (newest first; killed ones hidden unless ``show_killed``) matching
     ``status`` and ``q``, how many killed ones the filter hides, and the count per status chip.
-    Three queries whatever the fleet size: the chip counts, the page's count and the page's rows."""
+    Three queries whatever the fleet size: the chip counts, the page's count and the page's rows.
+    ``compact`` (the dashboard): the newest ``per_page`` with a link to the fleet page, no pager."""
     base = Instance.objects.all()
     if q:
         base = base.filter(
@@ -68,6 +71,7 @@ def fleet_context(show_killed: bool, status: str = "all", q: str = "", page: int
         "chip_counts": {name: counts[name] for name in STATUS_CHIPS},
         "all_count": counts["live"] + (counts["killed"] if show_killed else 0),
         "chips": list(STATUS_CHIPS),
+        "compact": compact,
     }
 
 
@@ -75,7 +79,7 @@ def fleet_context(show_killed: bool, status: str = "all", q: str = "", page: int
 @require_GET
 @never_cache
 def fleet_page(request: HtmxHttpRequest) -> HttpResponse:
-    """Every instance, 100 a page: ``?status=running|pending|stopped|exited`` (default all),
+    """Every instance, 50 a page: ``?status=running|pending|stopped|exited`` (default all),
     ``?q=`` (search id, label, worker, GPU), ``?killed=1`` (killed ones too), ``?page=N``; the
     filters live in the URL, so a reload or a shared link keeps them. A bad filter: 400 naming it.
     htmx GET: the table only."""
