@@ -110,10 +110,10 @@ def main(argv=None) -> int:
     import django
 
     django.setup()
+    from django.conf import settings
     from django.contrib.auth.models import Group, User
     from django.db import connection
     from django.test import Client
-    from django.conf import settings
     from django.test.utils import setup_databases, teardown_databases
 
     # the test client's host; not setup_test_environment(), whose template instrumentation costs time
