@@ -97,3 +97,15 @@ def test_the_query_count_does_not_grow_with_the_lists(client, alice):
     with CaptureQueriesContext(connection) as many_r:
         client.get("/runs/")
     assert len(many_f) == len(few_f) and len(many_r) == len(few_r)
+
+
+def test_alerts_filter_by_state_and_severity_in_the_url(client, alice):
+    from fleet.alerts import raise_alert
+
+    raise_alert("workers_dead", "all workers dead", severity="P0")
+    raise_alert("budget", "over budget", severity="P2")
+    client.force_login(alice)
+    html = client.get("/alerts/?state=firing&severity=P0").content.decode()
+    assert "all workers dead" in html and "over budget" not in html
+    assert 'hx-get="/alerts/?state=firing&amp;severity=P0"' in html  # the live region keeps both
+    assert 'href="?state=all&amp;severity=P0"' in html  # a state chip keeps the severity

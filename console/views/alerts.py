@@ -25,11 +25,16 @@ ALERT_STATES = ("firing", "acknowledged", "resolved")
 ALERTS_ON_PAGE = 200
 
 
-def alerts_context(state: str) -> dict:
-    """Alerts in ``state`` (``all`` for every state), newest first, with a count per state."""
+SEVERITIES = ("P0", "P1", "P2", "P3")
+
+
+def alerts_context(state: str, severity: str = "") -> dict:
+    """Alerts in ``state`` (``all`` for every state) and of ``severity`` (P0–P3; empty: any),
+    newest first, with a count per state."""
     counts = dict.fromkeys(ALERT_STATES, 0)
-    counts.update(dict(Alert.objects.values_list("state").annotate(n=Count("id")).order_by()))
-    qs = Alert.objects.select_related("instance").order_by("-raised_at", "-pk")
+    base = Alert.objects.filter(severity=severity) if severity in SEVERITIES else Alert.objects.all()
+    counts.update(dict(base.values_list("state").annotate(n=Count("id")).order_by()))
+    qs = base.select_related("instance").order_by("-raised_at", "-pk")
     if state in ALERT_STATES:
         qs = qs.filter(state=state)
     return {
@@ -38,6 +43,8 @@ def alerts_context(state: str) -> dict:
         "counts": counts,
         "states": ALERT_STATES,
         "firing_count": counts["firing"],
+        "severity": severity if severity in SEVERITIES else "",
+        "severities": SEVERITIES,
     }
 
 
@@ -50,9 +57,10 @@ def _alert_state(request) -> str:
 @require_GET
 @never_cache
 def alerts_page(request: HtmxHttpRequest) -> HttpResponse:
-    """The Alerts tab: ``?state=firing|acknowledged|resolved|all`` (default firing); operators
+    """The Alerts tab: ``?state=firing|acknowledged|resolved|all`` (default firing) and
+    ``?severity=P0|P1|P2|P3``, kept in the URL; operators
     acknowledge firing alerts with a comment. htmx GET: the table only."""
-    ctx = _page_context(request, **alerts_context(_alert_state(request)))
+    ctx = _page_context(request, **alerts_context(_alert_state(request), request.GET.get("severity", "")))
     if _is_region(request):
         return render(request, "console/partials/alerts.html", ctx)
     return render(request, "console/alerts.html", ctx)
