@@ -9,6 +9,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
 from agent.models import Run
+from agent.report import flagged_claims
 from console.views.common import HtmxHttpRequest, _is_region, _page_context, page_number
 from fleet.clock import clock
 
@@ -104,6 +105,7 @@ def run_detail(request: HtmxHttpRequest, number: int) -> HttpResponse:
         now=now,
         model_calls=list(run.model_calls.order_by("seq")),
         would_have=sum(1 for s in steps if s.reason_code == "observe_only"),
+        flag_claims=flagged_claims(run.final_answer, run.entailment_flags or []),
     )
     if _is_region(request):
         return render(request, "console/partials/run_trace.html", ctx)
