@@ -125,6 +125,8 @@ def main(argv=None) -> int:
         client = Client()
         client.force_login(alice)
         state = {"instances": 0, "runs": 0, "approvals": False}
+        load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+        print(f"{os.cpu_count()} cores, load average {load} (wall time includes waiting for a core; cpu ms does not)")
         print(f"PostgreSQL {connection.pg_version // 10000}; median and best of {args.reps}; "
               f"{WAITING} waiting and {DECIDED} decided approvals; goal ≤ {GOAL_MS:g} ms at "
               f"{GOAL_AT[0]:,} instances and {GOAL_AT[1]:,} runs, same queries at every size")
