@@ -1,6 +1,7 @@
 """The dashboard: its live regions, the chat, the target and the demo buttons."""
 
 import logging
+import uuid
 
 from django.conf import settings
 from django.contrib import messages
@@ -158,6 +159,7 @@ def _dashboard_page(request, status: int = 200, **forms) -> HttpResponse:
         enqueue_form=forms.get("enqueue_form") or EnqueueForm(),
         flash=forms.get("flash"),
         dashboard=True,
+        request_key=uuid.uuid4().hex,
     )
     ctx.update(cards_context())
     ctx.update(chat_context())
@@ -195,7 +197,8 @@ def dashboard(request: HtmxHttpRequest) -> HttpResponse:
     name = request.GET.get("partial", "")
     if _is_region(request) and name in DASHBOARD_REGIONS:
         template, build = DASHBOARD_REGIONS[name]
-        return render(request, template, _page_context(request, **build()))
+        # request_key: the fleet rows' action forms carry a one-time token (a replayed POST is a duplicate)
+        return render(request, template, _page_context(request, request_key=uuid.uuid4().hex, **build()))
     return _dashboard_page(request)
 
 
