@@ -2,6 +2,8 @@
 "Filters in the URL"): a reload or a shared link shows the same rows; the live region re-fetches
 the same URL; a bad filter is a 400 naming it; the query count does not grow with the list."""
 
+import re
+
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -48,6 +50,8 @@ def test_the_fleet_pages_and_the_links_keep_the_filter(client, alice):
     assert second.count('class="row-actions"') == 5 and "local-000" in second
     dash = client.get("/").content.decode()  # the dashboard: the newest 20 and the way to the rest
     assert dash.count('class="row-actions"') == 20 and "newest 20 of 55 instances" in dash
+    region = client.get("/?partial=fleet", headers={"HX-Request": "true"}).content.decode()
+    assert region.count('class="row-actions"') == 20 and re.search(r'name="request_key" value="[0-9a-f]{32}"', region)
 
 
 def test_a_bad_filter_is_a_400_that_names_it(client, alice):
