@@ -31,3 +31,15 @@ def test_the_approval_regions_redraw_on_fleet_and_demand_changes(client, alice):
         html = client.get(url).content.decode()
         region = html[html.index('id="approvals"'):].split(">")[0]
         assert "fleet-changed from:body" in region and "demand-changed from:body" in region, url
+
+
+def test_a_refused_decision_does_not_refresh_the_inbox_over_its_error(client, alice):
+    with scenario_world([entry("v-1")], IDLE):
+        run, _ = park_stops("v-1")
+        approval = Approval.objects.get(run=run)
+        client.force_login(alice)
+        resp = client.post(f"/approvals/{approval.pk}/decide/", {"decision": "reject", "comment": ""}, headers=HX)
+    # the card carries the error; no "approvals-changed" (it would re-fetch the inbox and wipe it at once)
+    assert "a rejection needs a comment" in resp.content.decode()
+    assert "approvals-changed" not in resp.get("HX-Trigger", "")
+    assert Approval.objects.get(pk=approval.pk).status == "waiting"

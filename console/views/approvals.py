@@ -157,9 +157,11 @@ def bulk_decide(request: HtmxHttpRequest) -> HttpResponse:
                 lines.append({"ok": False, "text": f"decided, but the agent could not be resumed: {_why(exc)}"})
                 break
     if request.htmx:
-        ctx = _page_context(request, bulk=True, bulk_error=error, bulk_lines=lines, **approvals_context())
+        ctx = _page_context(request, bulk=True, bulk_answer=True, bulk_error=error, bulk_lines=lines,
+                            **approvals_context())
         resp = render(request, "console/partials/approvals.html", ctx)
-        trigger_client_event(resp, "approvals-changed")
+        if status != 400:  # as in decide_approval: never wipe the error with a refresh
+            trigger_client_event(resp, "approvals-changed")
         return resp
     if status == 200:
         for line in lines:
@@ -213,7 +215,10 @@ def decide_approval(request: HtmxHttpRequest, pk: int) -> HttpResponse:
             "console/partials/approval_card.html",
             _page_context(request, a=approval, error=error, note=note, now=now),
         )
-        trigger_client_event(resp, "approvals-changed")
+        if status != 400:
+            # nothing changed on bad input: a refresh of the inbox would wipe the card's error at once
+            # (issue 12 §1: "rejecting with an empty comment silently does nothing")
+            trigger_client_event(resp, "approvals-changed")
         return resp
     if status == 200:
         messages.success(request, f"approval {approval.pk}: {note}")
