@@ -8,6 +8,7 @@ extension, console.css/js) are served by ``ASGIStaticFilesHandler`` under ``STAT
 
 import atexit
 import os
+import sys
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
 
@@ -34,4 +35,5 @@ application = ProtocolTypeRouter(
 
 from console.shutdown import say_shutdown  # noqa: E402
 
-atexit.register(say_shutdown)  # Ctrl-C: say that the demo's workers keep running and how to end them
+if "pytest" not in sys.modules:  # the console's process (daphne), not a test that imports it
+    atexit.register(say_shutdown)  # Ctrl-C: say that the demo's workers keep running and how to end them

@@ -50,7 +50,7 @@ def test_it_flags_names_not_found_in_any_observation(client, alice):
     client.force_login(alice)
     html = client.get(f"/runs/{run.number}/").content.decode()
     assert 'id="entailment-flags"' in html and "Claims not found in any observation" in html
-    assert '<code>v-999</code> in “Stopped v-999 and saved $42.17/hr.”' in html  # each flag with its claim
+    assert '<code>v-999</code> in “Stopped v-999 and saved $42.17/hr”' in html  # each flag with its claim
     assert 'id="final-answer"' in html
 
 

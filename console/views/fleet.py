@@ -63,7 +63,7 @@ def fleet_context(show_killed: bool, status: str = "all", q: str = "", page: int
     pager = Paginator(qs, per_page).get_page(page)
     return {
         "instances": list(pager.object_list),
-        "pager": pager,
+        "fleet_pager": pager,
         "hidden_count": 0 if show_killed else counts["killed"],
         "show_killed": show_killed,
         "f_status": status,

@@ -40,7 +40,7 @@ def runs_filters(params) -> dict:
 
 def runs_context(limit: int = RUNS_ON_PAGE, page: int = 1, status: str = "", trigger: str = "", verdict: str = "") -> dict:
     """One page of runs, newest first, matching the filters, each with its step count, and the
-    pager (``pager.paginator.count`` is how many match). Three queries whatever the number of runs:
+    pager ``runs_pager`` (``runs_pager.paginator.count`` is how many match). Three queries whatever the number of runs:
     the count, the page's run numbers, the page's rows with their step counts."""
     qs = Run.objects.order_by("-number")
     if status:
@@ -54,7 +54,7 @@ def runs_context(limit: int = RUNS_ON_PAGE, page: int = 1, status: str = "", tri
     runs = Run.objects.filter(pk__in=ids).annotate(step_count=Count("steps")).order_by("-number") if ids else []
     return {
         "runs": list(runs),
-        "pager": pager,
+        "runs_pager": pager,
         "f_status": status,
         "f_trigger": trigger,
         "f_verdict": verdict,
