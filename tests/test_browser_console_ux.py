@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
-from agent.models import Approval, AuditLog, Run, Step
+from agent.models import Approval, AuditLog, Run, SessionState, Step
 from fleet.models import DemandSample, Instance
 from tests.browser_support import CHROMIUM, CHROMIUM_ARGS, FleetBrowserTestCase
 
@@ -41,6 +41,7 @@ def park(n: int) -> list[Approval]:
     """``n`` waiting stop approvals of one parked run (rows as the loop writes them)."""
     now = timezone.now()
     run = Run.objects.create(number=1, trigger="beat", planner="rules", status="parked", started_at=now)
+    SessionState.objects.filter(pk=SessionState.get().pk).update(next_run_id=2)  # as the loop would
     out = []
     for i in range(1, n + 1):
         args = {"instance_id": f"local-{i}", "reason": "idle: queue empty past the 15 min dwell; diagnosed healthy"}
@@ -154,6 +155,9 @@ class TestConsoleUxInABrowser(FleetBrowserTestCase):
                 page.set_viewport_size({"width": 1280, "height": 900})
                 page.check("#bulk-all")
                 page.click("#bulk-form button.approve")
+                if shots := os.environ.get("WARDEN_SCREENSHOTS"):
+                    time.sleep(2)
+                    page.screenshot(path=f"{shots}/bulk-approved.png", full_page=True)
                 page.wait_for_selector(".bulk-line >> text=approved 4", timeout=15_000)
                 page.wait_for_function("document.querySelector('#nav-approvals').textContent.trim() === ''",
                                        timeout=15_000)
