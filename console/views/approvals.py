@@ -1,6 +1,7 @@
 """The approvals inbox and the approve/reject decision."""
 
 import logging
+from urllib.parse import urlparse
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -213,7 +214,9 @@ def decide_approval(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         resp = render(
             request,
             "console/partials/approval_card.html",
-            _page_context(request, a=approval, error=error, note=note, now=now),
+            # on the inbox page a card keeps its bulk checkbox (the dashboard's column has no bulk form)
+            _page_context(request, a=approval, error=error, note=note, now=now,
+                          bulk=urlparse(request.htmx.current_url or "").path == "/approvals/"),
         )
         if status != 400:
             # nothing changed on bad input: a refresh of the inbox would wipe the card's error at once
