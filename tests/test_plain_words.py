@@ -71,3 +71,10 @@ def test_turns_count_from_one_and_arguments_are_json(client, alice):
     row = html[html.index('id="step-1"'):].split("</tr>")[0]
     assert "<td>1<div class=\"sub\">call 2 of its batch</div></td>" in row and "0.1" not in row
     assert "&quot;instance_id&quot;: &quot;v-1&quot;" in row and "&#x27;instance_id&#x27;" not in row
+
+
+def test_an_instance_without_events_does_not_claim_to_show_the_newest_zero(client, alice):
+    make("local-9")
+    client.force_login(alice)
+    html = client.get("/instances/local-9/").content.decode()
+    assert "Nothing recorded." in html and "showing the newest 0" not in html
