@@ -5,7 +5,7 @@ whole order, with the stage that reports each code:
 
 ``forged_observation``, ``unknown_tool``, ``forbidden_tool``, ``invalid_args``, ``identical_args``
 (pipeline) → ``duplicate`` → ``batch_too_large`` (pipeline, a whole batch) → ``target_gone``,
-``rejected_recently``, ``priority_required``, ``owned_host``, ``demand_guard``, ``owned_tasks``,
+``already_running``, ``rejected_recently``, ``priority_required``, ``owned_host``, ``demand_guard``, ``owned_tasks``,
 ``hold_off``, ``launch_pending``, ``instance_cap``, ``budget_cap``, ``diagnosis_required``,
 ``in_flight``, ``no_longer_needed`` (at dispatch of a parked launch or resume),
 ``observe_only``, ``rate_limited`` (here) → policy (``approval_required``: pipeline, with
@@ -15,6 +15,8 @@ dispatch of an approved call (an approval granted on stale facts executes nothin
 Rules and their sources (what "terminal", "blind" and "starving" mean is ``agent.lifecycle``):
 - ``target_gone``: the instance is killed (destroyed or vanished from a successful list); a
   destroy re-sent after ``destroy_unconfirmed`` is not refused for it;
+- ``already_running``: a resume of an instance the provider reports ``running`` at the check (the
+  world is read from the provider right before): it would do nothing but restart "running since";
 - ``rejected_recently``: an operator rejected the same tool on the same instance and it still
   stands (``rejection_hold_min``, or until demand changes state), for every planner;
 - scale-down (stop/destroy of a non-terminal instance) is refused while demand is not ``ok``,
@@ -99,9 +101,11 @@ def duplicate(tool: str, args: dict, key: str, *, batch_prior: list[tuple[str, d
     canon = canonical_json(args)
     if spec.instance_arg and any(t == tool and canonical_json(a) == canon for t, a in batch_prior):
         return Refusal("duplicate", "the same action is already in this batch")
-    for a in Approval.objects.filter(status="waiting", tool=tool):
+    for a in Approval.objects.filter(status="waiting", tool=tool).select_related("run"):
         if canonical_json(a.args) == canon and a.idempotency_key != key and a.idempotency_key not in batch_keys:
-            return Refusal("duplicate", f"the same action already waits for approval (approval {a.pk})")
+            what = f"{tool} of {args.get(spec.instance_arg)}" if spec.instance_arg else tool
+            return Refusal("duplicate", f"{what} already waits for approval {a.pk} (parked by run #{a.run.number}); "
+                           "decide that one in the Approvals inbox")
     return None
 
 
@@ -138,6 +142,11 @@ def check(tool: str, args: dict, key: str, world, *, batch_prior: list[tuple[str
     # confirmed destroy listed again is reopened by fleet.sync), so it is never refused for it.
     if spec.side_effect and inst is not None and inst.killed_at is not None:
         return Refusal("target_gone", f"{inst.external_id} is gone ({inst.kill_reason or 'killed'}, {inst.killed_by or 'unknown'})")
+
+    # already_running: the world was listed from the provider just before this check
+    if tool == "resume_instance" and inst is not None and inst.status == "running":
+        return Refusal("already_running", f"{inst.external_id} is already running (the provider's status at this check); "
+                       "there is nothing to resume")
 
     # rejected_recently (binds every planner and the monitor; an operator's own action is a decision)
     if spec.side_effect and inst is not None and not actor.startswith("user:"):
@@ -184,14 +193,17 @@ def check(tool: str, args: dict, key: str, world, *, batch_prior: list[tuple[str
         if not terminal and "hold_off" not in override:
             dwell = timedelta(minutes=lim.dwell_min)
             if d.idle_since is None:
-                return Refusal("hold_off", f"the queue is not idle ({d.running or 0} running); dwell is {lim.dwell_min:g} min")
+                return Refusal("hold_off", f"on hold: the queue is not idle ({d.running or 0} running); a scale-down "
+                               f"waits until it has been empty for the dwell ({lim.dwell_min:g} min)")
             if now - d.idle_since < dwell:
                 idle = (now - d.idle_since).total_seconds() / 60
-                return Refusal("hold_off", f"queue empty for {idle:.1f} min, dwell is {lim.dwell_min:g} min")
+                return Refusal("hold_off", f"on hold: the queue has been empty for {idle:.1f} min; a scale-down waits "
+                               f"until it has been empty for the dwell ({lim.dwell_min:g} min)")
             last = last_launch_at(world)
             if last is not None and now - last < timedelta(minutes=lim.hold_off_min):
                 ago = (now - last).total_seconds() / 60
-                return Refusal("hold_off", f"last launch {ago:.1f} min ago; hold-off is {lim.hold_off_min:g} min")
+                return Refusal("hold_off", f"on hold: the last launch was {ago:.1f} min ago; a scale-down waits "
+                               f"out the hold-off after a launch ({lim.hold_off_min:g} min)")
 
     # owned_tasks for a reboot: it would kill the tasks a live worker is proving (a dead worker's
     # tasks are stuck anyway — rebooting it is the repair)

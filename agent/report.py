@@ -99,9 +99,42 @@ def _observed(run: Run) -> dict:
         return {}
 
 
+#: planners whose proposals the runtime computes itself (their numbers are not the model's claims)
+RUNTIME_PLANNERS = {"rules", "monitor"}
+
+
+def runtime_text(run: Run) -> str:
+    """What the runtime itself wrote in ``run``'s call steps, as one text: every refusal's or
+    outcome's ``detail`` (guards, claims) and, for a deterministic planner (:data:`RUNTIME_PLANNERS`),
+    its proposals' arguments and reasons ("want 4 workers", "past the 1 min dwell"). A model
+    planner's arguments are its own claims, never evidence for them. One query."""
+    import json
+
+    own = run.planner in RUNTIME_PLANNERS
+    parts = []
+    for args, why, detail in run.steps.filter(kind="call").values_list("args", "call_reason", "detail"):
+        parts.append(detail or "")
+        if own:
+            parts += [json.dumps(args, default=str) if args is not None else "", why or ""]
+    return " ".join(p for p in parts if p)
+
+
+def flagged_claims(answer: str, flags: list[str]) -> list[dict]:
+    """Each flag with the sentence of ``answer`` that makes the claim: ``[{"flag", "claim"}]``
+    (``claim`` at most 240 characters; empty for a flag about the verdict, which no sentence holds)."""
+    text = without_verdicts(answer or "", sep=" ", strip=True).replace("\n", ". ")
+    sentences = [x.strip() for x in text.split(". ") if x.strip()]
+    out = []
+    for flag in flags:
+        claim = next((x for x in sentences if flag in x), "") if " " not in flag else ""
+        out.append({"flag": flag, "claim": claim[:240]})
+    return out
+
+
 def entailment_flags(run: Run) -> list[str]:
-    """Ids and numbers in ``run.final_answer`` that no observation of the run contains (the model's
-    words only: the runtime's own note on refused and parked calls is not a claim to check)."""
+    """Ids and numbers in ``run.final_answer`` that no observation of the run contains, nor any
+    text the runtime itself computed in it (:func:`runtime_text`). The model's words only: the
+    runtime's own note on refused and parked calls is not a claim to check."""
     from agent.chat_answer import model_words
 
     answer = without_verdicts(model_words(run.final_answer))
@@ -109,6 +142,7 @@ def entailment_flags(run: Run) -> list[str]:
         return []
     corpus = " ".join(run.steps.exclude(observation="").values_list("observation", flat=True))
     corpus += " " + " ".join(run.steps.filter(kind="message").values_list("text", flat=True))
+    corpus += " " + runtime_text(run)
     flags = []
     for token in set(_ID.findall(answer)) | set(_NUM.findall(_ID.sub(" ", answer))):
         if not re.search(rf"(?<![\w.-]){re.escape(token)}(?![\w-]|\.\d)", corpus):

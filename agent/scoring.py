@@ -25,6 +25,7 @@ from collections import Counter
 from django.db.models import Count, Q
 
 from agent.models import Approval, Run, Step
+from agent.report import flagged_claims
 from agent.tools import TOOLS
 
 #: histogram buckets of planner turns per run: (label, low, high) inclusive
@@ -107,7 +108,7 @@ def score_traces(*, last: int | None = None, epoch: int | None = None) -> dict:
 
     # 6. entailment flags (the newest flagged runs; the count comes with them)
     flagged_qs = runs.exclude(entailment_flags=[]).order_by("-number")
-    flagged = list(flagged_qs.values("number", "entailment_flags")[:FLAGGED_SHOWN])
+    flagged = list(flagged_qs.values("number", "entailment_flags", "final_answer")[:FLAGGED_SHOWN])
     flagged_count = len(flagged)
     if flagged_count == FLAGGED_SHOWN:
         flagged_count = flagged_qs.count()  # a seventh query only when more may exist
@@ -133,7 +134,9 @@ def score_traces(*, last: int | None = None, epoch: int | None = None) -> dict:
         "approvals": dict(sorted(approvals.items())),
         "entailment": {"flagged_runs": flagged_count,
                        "rate": round(flagged_count / total, 4) if total else 0.0,
-                       "newest": [{"run": f["number"], "flags": f["entailment_flags"]} for f in flagged]},
+                       "newest": [{"run": f["number"], "flags": f["entailment_flags"],
+                                   "claims": flagged_claims(f["final_answer"], f["entailment_flags"])}
+                                  for f in flagged]},
     }
 
 

@@ -6,7 +6,9 @@ extension, console.css/js) are served by ``ASGIStaticFilesHandler`` under ``STAT
 ``daphne console.asgi:application`` serves a working console without a separate web server.
 """
 
+import atexit
 import os
+import sys
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
 
@@ -30,3 +32,8 @@ application = ProtocolTypeRouter(
         ),
     }
 )
+
+from console.shutdown import say_shutdown  # noqa: E402
+
+if "pytest" not in sys.modules:  # the console's process (daphne), not a test that imports it
+    atexit.register(say_shutdown)  # Ctrl-C: say that the demo's workers keep running and how to end them

@@ -9,9 +9,25 @@ this module never touches Redis.
 import os
 
 from celery import Celery
+from celery.signals import beat_init
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
 
 app = Celery("warden")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+@beat_init.connect
+def tick_at_start(sender=None, **kwargs) -> None:
+    """Write beat's tick as soon as beat starts (issue 12 §1): ``/healthz`` then reports beat up
+    at once instead of 503 "beat has never ticked" until the first scheduled tick has gone through
+    the broker and a worker (about 30 s). A Redis that cannot be reached is only logged."""
+    import logging
+
+    from console.tasks import beat_tick
+
+    try:
+        beat_tick()
+    except Exception as exc:  # Redis down: the scheduled ticks write it later
+        logging.getLogger(__name__).warning("beat: first tick not written: %s", exc)

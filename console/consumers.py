@@ -13,6 +13,7 @@ not in the table is never sent. An anonymous socket is accepted then closed with
 
 import json
 
+from autobahn.exception import Disconnected
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
@@ -67,7 +68,12 @@ class ConsoleConsumer(AsyncWebsocketConsumer):
         """Layer event ``{"type": "console.signal", "topics": [str, ...]}``: one frame per topic."""
         for topic in event.get("topics", []):
             if topic in self.topics:
-                await self.send(text_data=json.dumps({"trigger": topic}))
+                try:
+                    await self.send(text_data=json.dumps({"trigger": topic}))
+                except Disconnected:
+                    # the tab closed between the signal and this frame (daphne raises autobahn's
+                    # "Attempt to send on a closed protocol"): nothing to deliver, nothing to log
+                    return
 
     async def console_chat(self, event: dict) -> None:
         """Layer event ``{"type": "console.chat", "frame": {...}}``: one ``{"chat": frame}`` frame

@@ -141,7 +141,8 @@ class InstanceActionForm(forms.Form):
 
     ACTIONS = ["stop", "destroy", "reboot", "resume", "cordon", "uncordon"]
     action = forms.ChoiceField(choices=[(a, a) for a in ACTIONS],
-                               error_messages={"invalid_choice": "unknown action %(value)s"})
+                               error_messages={"required": "choose an action (there is no default: each one changes the instance)",
+                                               "invalid_choice": "unknown action %(value)s"})
     reason = forms.CharField(max_length=CAPS["reason"], strip=True,
                              error_messages={"required": "say why (the reason goes to the audit log)", **too_long("reason")})
     override_reason = forms.CharField(required=False, max_length=CAPS["override_reason"], strip=True,

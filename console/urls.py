@@ -28,6 +28,7 @@ urlpatterns = [
     path("runs/<int:number>/scenario.json", runs.export_scenario, name="export_scenario"),
     path("approvals/", approvals.approvals_page, name="approvals"),
     path("approvals/<int:pk>/decide/", approvals.decide_approval, name="decide_approval"),
+    path("approvals/bulk/", approvals.bulk_decide, name="bulk_decide"),
     path("alerts/", alerts.alerts_page, name="alerts"),
     path("alerts/<int:pk>/ack/", alerts.ack_alert, name="ack_alert"),
     path("alerts/ack/", alerts.ack_alerts, name="ack_alerts"),

@@ -85,7 +85,9 @@
   // comment, an ack comment, a reason) skips its re-fetch; the next signal or the periodic poll
   // after the form is sent brings it up to date.
   function typing(region) {
-    var fields = region.querySelectorAll("input[type=text], textarea, select");
+    // a ticked box (bulk approve) is a selection in progress too
+    if (region.querySelector("input[type=checkbox]:checked")) return true;
+    var fields = region.querySelectorAll("input[type=text], input[type=search], textarea, select");
     for (var i = 0; i < fields.length; i++) {
       var f = fields[i];
       if (f === document.activeElement) return true;
@@ -121,6 +123,33 @@
     });
   }
   setInterval(tick, 1000);
+
+  // A form with an empty required field is never sent silently: the browser says which field
+  // (htmx 2 skips the request without a word otherwise).
+  htmx.config.reportValidityOfForms = true;
+
+  // Freshness labels ("read 12 s ago") keep counting between pushes: data-age is the age in
+  // seconds when the server drew it; the browser adds the time since it got it (no clock skew).
+  function ages() {
+    var now = Date.now();
+    document.querySelectorAll("[data-age]").forEach(function (el) {
+      if (!el.dataset.seen) el.dataset.seen = String(now);
+      var s = parseFloat(el.dataset.age) + (now - parseInt(el.dataset.seen, 10)) / 1000;
+      if (!isNaN(s)) el.textContent = (el.dataset.prefix || "") + fmt(Math.max(0, s)) + " ago";
+    });
+  }
+  setInterval(ages, 1000);
+
+  // An action's one-line answer ("observe cycle queued (run 12)") is news, not state: it goes
+  // after data-ttl seconds (the run, the audit log and the page keep the lasting record).
+  function expireFlashes() {
+    var now = Date.now();
+    document.querySelectorAll("[data-ttl]").forEach(function (el) {
+      if (!el.dataset.shown) el.dataset.shown = String(now);
+      if (now - parseInt(el.dataset.shown, 10) > parseFloat(el.dataset.ttl) * 1000) el.remove();
+    });
+  }
+  setInterval(expireFlashes, 1000);
 })();
 
 // Alerts tab: "select every firing alert" ticks each row's checkbox (they belong to #bulk-ack).

@@ -29,6 +29,7 @@ def routes(approval_pk: int, alert_pk: int, user_pk: int) -> dict[str, tuple[str
     fact_pk = MemoryFact.objects.values_list("pk", flat=True).first() or 0
     return {
         "decide_approval": (f"/approvals/{approval_pk}/decide/", {"decision": "approve"}, "operator"),
+        "bulk_decide": ("/approvals/bulk/", {"decision": "approve", "ids": [str(approval_pk)]}, "operator"),
         "ack_alert": (f"/alerts/{alert_pk}/ack/", {"comment": "mine"}, "operator"),
         "ack_alerts": ("/alerts/ack/", {"alert": [alert_pk], "comment": "all mine"}, "operator"),
         "silence_alert": (f"/alerts/{alert_pk}/silence/", {"minutes": "60", "comment": "known"}, "operator"),

@@ -30,14 +30,14 @@ def test_it_shows_killed_instances_with_who_and_why(client, alice):
          kill_reason="terminal: exited")
     client.force_login(alice)
     html = client.get("/fleet/?killed=1").content.decode()
-    assert "beta" in html and "by agent" in html and "terminal: exited" in html and "exit -9" in html
+    assert "beta" in html and "by agent" in html and "terminal: exited" in html and "worker killed by SIGKILL (exit -9)" in html
     assert 'hx-get="/fleet/?killed=1"' in html  # the live region keeps the filter
 
 
 def test_it_shows_intended_status_when_it_differs(client, alice):
     make("i-1", label="gamma", status="loading", intended_status="running")
     client.force_login(alice)
-    assert "→ running" in client.get("/fleet/").content.decode()
+    assert '<div class="sub intended">wanted running</div>' in client.get("/fleet/").content.decode()
 
 
 def test_it_serves_the_table_alone_to_htmx(client, bob):

@@ -20,7 +20,13 @@ from tests.rails_support import rails_world, verdict
 @pytest.mark.parametrize("htmx", [True, False], ids=["htmx", "no-javascript"])
 def test_the_server_asks_first_saying_what_it_keeps_and_clears(client, alice, htmx):
     client.force_login(alice)
-    assert 'id="reset-session"' in client.get("/").content.decode()
+    html = client.get("/").content.decode()
+    assert 'id="reset-session"' in html and "hx-confirm" not in html[html.index('id="reset-box"'):][:2000]
+    # it says what it clears and what it keeps, away from the demo's destructive buttons (issue 12 §1)
+    explained = html[html.index('id="reset-explained"'):]
+    assert "Clears:" in explained and "Keeps:" in explained and "Nothing on the fleet changes" in explained
+    controls = html[html.index('id="controls"'):html.index('id="controls"') + 3000]
+    assert "reset-session" not in controls.split("</div>")[0]
     resp = client.post("/actions/reset/", {"reason": "new shift"}, headers={"HX-Request": "true"} if htmx else {})
     html = resp.content.decode()
     assert resp.status_code == 200 and "Reset the session?" in html
@@ -53,7 +59,7 @@ def test_reset_clears_the_conversation_and_keeps_the_anchor_and_memory(client, a
         assert ShortTermMessage.objects.count() >= 2
 
         resp = client.post("/actions/reset/", {"reason": "new shift", "confirm": "yes"}, headers={"HX-Request": "true"})
-        assert resp.status_code == 200 and "session reset" in resp.content.decode()
+        assert resp.status_code == 200 and "session reset: new conversation" in resp.content.decode()
 
         # the conversation is gone: chat, model context, short-term buffer
         html = client.get("/").content.decode()

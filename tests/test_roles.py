@@ -40,11 +40,12 @@ def test_viewers_see_every_page_with_actions_disabled(client, bob, world):
     for url in [*PAGES, f"/runs/{run.number}/"]:
         resp = client.get(url)
         assert resp.status_code == 200, url
-        assert "bob · viewer" in resp.content.decode(), url
+        assert 'id="who-user" title="signed in as bob; role viewer">bob<' in resp.content.decode(), url
+        assert 'class="badge role-viewer">read-only<' in resp.content.decode(), url
     html = client.get("/approvals/").content.decode()
     assert "stop_instance" in html
     assert html.count('disabled title="viewers cannot act"') >= 3  # approve, comment, reject
-    assert 'id="reset-session" class="danger" disabled' in client.get("/").content.decode()
+    assert 'id="reset-session" disabled title="viewers cannot act"' in client.get("/").content.decode()
     fleet = client.get("/fleet/").content.decode()
     assert '<button type="submit" class="danger" disabled title="viewers cannot act">Run</button>' in fleet
 
@@ -68,7 +69,7 @@ def test_operators_see_enabled_actions(client, alice, world):
     for url in PAGES:
         html = client.get(url).content.decode()
         assert "viewers cannot act" not in html, url
-        assert "alice · operator" in html, url
+        assert 'title="signed in as alice; role operator">alice<' in html and ">can act<" in html, url
 
 
 def test_anonymous_users_are_sent_to_login(client, world):
@@ -89,6 +90,6 @@ def test_reset_session_needs_a_confirm_and_starts_a_new_epoch(client, alice):
     assert asked.status_code == 200 and "Reset the session?" in asked.content.decode()
     assert SessionState.get().epoch == 1  # the first step only asks
     resp = client.post("/actions/reset/", {"confirm": "yes"}, headers={"HX-Request": "true"})
-    assert resp.status_code == 200 and "session reset: conversation epoch 2" in resp.content.decode()
+    assert resp.status_code == 200 and "session reset: new conversation (epoch 2)" in resp.content.decode()
     assert SessionState.get().epoch == 2
     assert AuditLog.objects.get(verb="reset_session").actor == "user:alice"

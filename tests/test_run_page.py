@@ -49,8 +49,8 @@ def test_it_flags_names_not_found_in_any_observation(client, alice):
     assert "v-999" in run.entailment_flags
     client.force_login(alice)
     html = client.get(f"/runs/{run.number}/").content.decode()
-    assert 'id="entailment-flags"' in html and "Names not found in any observation" in html
-    assert '<code>v-999</code>' in html
+    assert 'id="entailment-flags"' in html and "Claims not found in any observation" in html
+    assert '<code>v-999</code> in “Stopped v-999 and saved $42.17/hr”' in html  # each flag with its claim
     assert 'id="final-answer"' in html
 
 

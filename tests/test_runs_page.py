@@ -1,4 +1,4 @@
-"""Runs list (trigger, status, verdict, tokens, steps, "skipped in prompt") and the run page's full trace."""
+"""Runs list (trigger, status, verdict, tokens, steps, the "no-op" badge) and the run page's full trace."""
 
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -29,7 +29,7 @@ def test_it_lists_runs_with_verdict_tokens_and_steps(client, alice):
     assert "action yes · changed no" in html
     assert "1234 / 56" in html
     assert "<td>3</td>" in html
-    assert "breaker_loop" in html and "skipped in prompt" in html
+    assert "breaker_loop" in html and ">no-op</span>" in html
 
 
 def test_it_shows_every_step_of_a_run(client, bob):

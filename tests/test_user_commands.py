@@ -47,7 +47,7 @@ def test_adduser_creates_a_user_who_can_sign_in_with_the_role(role, pwfile):
 def test_a_viewer_added_from_the_shell_sees_pages_and_cannot_act(client, pwfile):
     run("adduser", "carol", "--role", "viewer", "--password-file", pwfile)
     assert client.login(username="carol", password=PASSWORD)
-    assert "carol · viewer" in client.get("/").content.decode()
+    assert 'title="signed in as carol; role viewer">carol<' in client.get("/").content.decode()
     assert client.post("/actions/observe/", {}).status_code == 403
 
 

@@ -26,7 +26,7 @@ def test_it_lists_users_with_their_role_and_links_from_the_nav(client, root, ali
         row = html.split(f'data-user="{name}"')[1].split("</tr>")[0]
         assert f"<td>{role}</td>" in row, name
     assert '<a href="/users/">Users</a>' in client.get("/").content.decode()
-    assert "root · superuser" in html
+    assert 'title="signed in as root; role superuser">root<' in html and ">superuser</span>" in html
     assert 'hx-trigger="users-changed from:body' in html
     region = client.get("/users/", headers={"HX-Request": "true"}).content.decode()
     assert region.lstrip().startswith('<table class="table" id="users">') and 'data-user="bob"' in region

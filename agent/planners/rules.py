@@ -20,6 +20,7 @@ Policy (autoscalers.md §1.7; seed 002):
    conditions an instance stopped longer than ``stopped_destroy_h`` (it still pays for its disk)
    is diagnosed, then proposed for destruction (``destroy_instance``: approval by default).
 5. Never retire while demand is unknown or stale.
+6. Never propose again what already waits for an operator's approval (:func:`not_waiting`).
 It proposes; the guards, policy and approvals still decide (nothing here bypasses them).
 """
 
@@ -146,6 +147,28 @@ def allowed(calls: list[Proposal], world) -> list[Proposal]:
     return [p for p in calls if policy_for(p.tool, p.args, world.policy) != "forbidden"]
 
 
+def not_waiting(calls: list[Proposal]) -> list[Proposal]:
+    """``calls`` without those that already wait for an operator: a call on an instance whose tool
+    already waits for approval on it, and as many launches as launches already wait (they are
+    capacity on its way once approved). Proposing them again is only refused ``duplicate`` or
+    parks a second copy of the same question (noise in the inbox and the run). One query."""
+    from agent.models import Approval
+
+    waiting = list(Approval.objects.filter(status="waiting").values_list("tool", "args"))
+    on_instance = {(t, str(a["instance_id"])) for t, a in waiting if isinstance(a, dict) and a.get("instance_id")}
+    launches = sum(1 for t, _ in waiting if t == "launch_instance")
+    out = []
+    for p in calls:
+        ident = (p.args or {}).get("instance_id")
+        if ident and (p.tool, str(ident)) in on_instance:
+            continue
+        if p.tool == "launch_instance" and launches:
+            launches -= 1
+            continue
+        out.append(p)
+    return out
+
+
 def _verdict(action: bool, changed: bool) -> str:
     return f'<verdict>{{"action": {str(action).lower()}, "state_changed": {str(changed).lower()}}}</verdict>'
 
@@ -236,7 +259,7 @@ class RulesPlanner(Planner):
             if world.fresh_diagnosis(inst) is None:
                 calls.append(Proposal("diagnose_instance", {"instance_id": inst.external_id}))
         seen, unique = set(), []
-        for p in allowed(calls, world):
+        for p in not_waiting(allowed(calls, world)):
             k = (p.tool, str(sorted((p.args or {}).items())))
             if p.tool == "launch_instance" or k not in seen:  # several identical launches are wanted
                 seen.add(k)
@@ -269,7 +292,7 @@ class RulesPlanner(Planner):
                     "instance_id": inst.external_id,
                     "reason": f"worker heartbeat dead; {diag.health} ({diag.fault_class or 'no class'}): {diag.cause}",
                 }))
-        calls = allowed(calls, world)
+        calls = not_waiting(allowed(calls, world))
         d = world.demand
         repairs = [p for p in calls if "instance_id" in p.args]
         if repairs and d.state == "ok" and d.queued and not d.workers_live:
@@ -302,7 +325,7 @@ class RulesPlanner(Planner):
                               f"{world.limits.stopped_destroy_h:g} h limit; it still pays "
                               f"${inst.storage_dph:.3f}/hr for its disk",
                 }))
-        calls = allowed(calls, world)
+        calls = not_waiting(allowed(calls, world))
         return Turn(calls=calls, batch=len(calls) > 1)
 
     def next_turn(self, ctx) -> Turn | None:

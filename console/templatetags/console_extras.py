@@ -115,3 +115,35 @@ def without_verdict(text: str) -> str:
     from agent.planners.base import without_verdicts
 
     return without_verdicts(text, sep=" ", strip=True).strip()
+
+
+@register.simple_tag
+def waiting_approvals() -> int:
+    """How many approvals wait for an operator (status ``waiting``, not yet past their expiry):
+    the navigation's badge. One query."""
+    from agent.models import Approval
+    from fleet.clock import clock
+
+    return Approval.objects.filter(status="waiting", expires_at__gt=clock.now()).count()
+
+
+@register.filter
+def exit_text(code) -> str:
+    """A worker process's exit code in words: ``-9`` → ``"killed by SIGKILL (exit -9)"``, ``0`` →
+    ``"exited cleanly (exit 0)"``, ``3`` → ``"exited with code 3"`` (POSIX: a negative code is the
+    signal that ended the process, as ``subprocess.Popen.returncode`` reports it)."""
+    import signal
+
+    if code is None or code == "":
+        return ""
+    try:
+        n = int(code)
+    except (TypeError, ValueError):
+        return f"exit {code}"
+    if n < 0:
+        try:
+            name = signal.Signals(-n).name
+        except ValueError:
+            name = f"signal {-n}"
+        return f"killed by {name} (exit {n})"
+    return "exited cleanly (exit 0)" if n == 0 else f"exited with code {n}"

@@ -33,20 +33,25 @@ ALERT_FILTERS = ("firing", "silenced", "acknowledged", "resolved")
 ALERTS_ON_PAGE = 200
 
 
-def alerts_context(state: str) -> dict:
-    """Alerts in ``state`` (``all`` for every state), newest first, with a count per chip.
+SEVERITIES = ("P0", "P1", "P2", "P3")
+
+
+def alerts_context(state: str, severity: str = "") -> dict:
+    """Alerts in ``state`` (``all`` for every state) and of ``severity`` (P0–P3; empty: any),
+    newest first, with a count per chip.
 
     ``firing`` leaves out silenced alerts (they show under ``silenced`` until the silence ends)."""
     now = clock.now()
     silenced = Q(silenced_until__gt=now) & ~Q(state="resolved")
+    base = Alert.objects.filter(severity=severity) if severity in SEVERITIES else Alert.objects.all()
     counts = dict.fromkeys(ALERT_FILTERS, 0)
-    counts.update(Alert.objects.aggregate(
+    counts.update(base.aggregate(
         firing=Count("id", filter=Q(state="firing") & ~silenced),
         silenced=Count("id", filter=silenced),
         acknowledged=Count("id", filter=Q(state="acknowledged")),
         resolved=Count("id", filter=Q(state="resolved")),
     ))
-    qs = Alert.objects.select_related("instance").order_by("-raised_at", "-pk")
+    qs = base.select_related("instance").order_by("-raised_at", "-pk")
     if state == "firing":
         qs = qs.filter(state="firing").exclude(silenced)
     elif state == "silenced":
@@ -64,6 +69,8 @@ def alerts_context(state: str) -> dict:
         "firing_count": counts["firing"],
         "silence_choices": [(m, _duration(m)) for m in SILENCE_CHOICES],
         "bulk_ackable": any(al.state == "firing" for al in alerts),
+        "severity": severity if severity in SEVERITIES else "",
+        "severities": SEVERITIES,
     }
 
 
@@ -80,10 +87,10 @@ def _alert_state(request) -> str:
 @require_GET
 @never_cache
 def alerts_page(request: HtmxHttpRequest) -> HttpResponse:
-    """The Alerts tab: ``?state=firing|silenced|acknowledged|resolved|all`` (default firing);
-    operators acknowledge firing alerts with a comment (one or a selection) and silence open ones
-    for a time. htmx GET: the table only."""
-    ctx = _page_context(request, **alerts_context(_alert_state(request)))
+    """The Alerts tab: ``?state=firing|silenced|acknowledged|resolved|all`` (default firing) and
+    ``?severity=P0|P1|P2|P3``, kept in the URL; operators acknowledge firing alerts with a comment
+    (one or a selection) and silence open ones for a time. htmx GET: the table only."""
+    ctx = _page_context(request, **alerts_context(_alert_state(request), request.GET.get("severity", "")))
     if _is_region(request):
         return render(request, "console/partials/alerts.html", ctx)
     return render(request, "console/alerts.html", ctx)

@@ -1,6 +1,7 @@
 """The approvals inbox and the approve/reject decision."""
 
 import logging
+from urllib.parse import urlparse
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -57,7 +58,7 @@ def approvals_context(recent: int = APPROVALS_RECENT) -> dict:
             .select_related("run", "step", "decided_by")
             .order_by(F("decided_at").desc(nulls_last=True), "-pk")[:recent]
         )
-    return {"waiting": waiting, "decided": decided, "now": now}
+    return {"waiting": waiting, "decided": decided, "now": now, "open_count": sum(1 for a in waiting if a.seconds_left > 0)}
 
 
 def attach_situation_now(approvals: list) -> None:
@@ -83,6 +84,7 @@ def attach_situation_now(approvals: list) -> None:
             "workers_live": sample.workers_live if sample else None,
             "workers_expected": sample.workers_expected if sample else None,
             "target": target,
+            "read_at": sample.taken_at if sample else None,
         }
 
 
@@ -92,10 +94,82 @@ def attach_situation_now(approvals: list) -> None:
 def approvals_page(request: HtmxHttpRequest) -> HttpResponse:
     """The approvals inbox: waiting calls with approve / reject-with-comment and their expiry,
     then recent decisions. htmx GET: the inbox region only."""
-    ctx = _page_context(request, **approvals_context())
+    if _is_region(request) and request.GET.get("partial") == "count":
+        from console.templatetags.console_extras import waiting_approvals
+
+        return render(request, "console/partials/nav_approvals.html", {"waiting_n": waiting_approvals()})
+    ctx = _page_context(request, bulk=True, **approvals_context())
     if _is_region(request):
         return render(request, "console/partials/approvals.html", ctx)
     return render(request, "console/approvals.html", ctx)
+
+
+#: the most approvals one bulk decision may name
+BULK_MAX = 100
+
+
+@operator_required
+def bulk_decide(request: HtmxHttpRequest) -> HttpResponse:
+    """Approve or reject several waiting calls at once: ``ids`` (repeated, at most
+    :data:`BULK_MAX`), ``decision`` (approve | reject), ``comment`` (required to reject; it goes
+    to each). Each one is decided by ``do_decide`` on its own (exactly once: one already decided
+    or expired is reported and skipped, the others still go through), then each run concerned is
+    resumed once. Nothing selected, too many, or a rejection without a comment: 400, nothing
+    decided. htmx gets the inbox region with a line per outcome; a browser a redirect (or the
+    inbox with the error)."""
+    from agent.tasks import start_resume
+
+    form = DecisionForm(request.POST)
+    raw = request.POST.getlist("ids")
+    error, status, lines = "", 200, []
+    ids = []
+    for value in raw:
+        if not (value.isascii() and value.isdigit() and len(value) <= 12):
+            error = f"ids must be approval numbers; got {value[:20]!r}"
+            break
+        ids.append(int(value))
+    if not error and not ids:
+        error = "select at least one waiting approval"
+    elif not error and len(ids) > BULK_MAX:
+        error = f"at most {BULK_MAX} approvals at once; {len(ids)} were selected"
+    elif not error and not form.is_valid():
+        error = "; ".join(e for errs in form.errors.values() for e in errs)
+    if error:
+        status = 400
+    else:
+        decision, comment = form.cleaned_data["decision"], form.cleaned_data["comment"]
+        decided = []
+        for approval in Approval.objects.filter(pk__in=ids).select_related("run").order_by("pk"):
+            try:
+                decided.append(do_decide(approval, decision, actor_of(request), comment, user=request.user))
+            except DecisionError as exc:
+                lines.append({"ok": False, "text": str(exc)})
+        missing = sorted(set(ids) - {a.pk for a in decided} - {a.pk for a in Approval.objects.filter(pk__in=ids)})
+        lines += [{"ok": False, "text": f"approval {pk} does not exist"} for pk in missing]
+        if decided:
+            verb = decided[0].status
+            lines.insert(0, {"ok": True, "text": f"{verb} {len(decided)}: "
+                             + ", ".join(f"approval {a.pk} ({a.tool})" for a in decided)})
+        for run_id in dict.fromkeys(a.run_id for a in decided):
+            try:
+                start_resume(run_id)
+            except Exception as exc:  # broker down: the decisions are stored, the resume is not queued
+                log.warning("start_resume(%s) failed: %s", run_id, exc)
+                lines.append({"ok": False, "text": f"decided, but the agent could not be resumed: {_why(exc)}"})
+                break
+    if request.htmx:
+        ctx = _page_context(request, bulk=True, bulk_answer=True, bulk_error=error, bulk_lines=lines,
+                            **approvals_context())
+        resp = render(request, "console/partials/approvals.html", ctx)
+        if status != 400:  # as in decide_approval: never wipe the error with a refresh
+            trigger_client_event(resp, "approvals-changed")
+        return resp
+    if status == 200:
+        for line in lines:
+            (messages.success if line["ok"] else messages.error)(request, line["text"])
+        return redirect("/approvals/")
+    ctx = _page_context(request, bulk=True, error=error, **approvals_context())
+    return render(request, "console/approvals.html", ctx, status=status)
 
 
 @operator_required
@@ -140,12 +214,17 @@ def decide_approval(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         resp = render(
             request,
             "console/partials/approval_card.html",
-            _page_context(request, a=approval, error=error, note=note, now=now),
+            # on the inbox page a card keeps its bulk checkbox (the dashboard's column has no bulk form)
+            _page_context(request, a=approval, error=error, note=note, now=now,
+                          bulk=urlparse(request.htmx.current_url or "").path == "/approvals/"),
         )
-        trigger_client_event(resp, "approvals-changed")
+        if status != 400:
+            # nothing changed on bad input: a refresh of the inbox would wipe the card's error at once
+            # (issue 12 §1: "rejecting with an empty comment silently does nothing")
+            trigger_client_event(resp, "approvals-changed")
         return resp
     if status == 200:
         messages.success(request, f"approval {approval.pk}: {note}")
         return redirect(_safe_next(request, "/approvals/"))
-    ctx = _page_context(request, error=error, **approvals_context())
+    ctx = _page_context(request, bulk=True, error=error, **approvals_context())
     return render(request, "console/approvals.html", ctx, status=status)

@@ -104,3 +104,12 @@ def _safe_next(request, default: str) -> str:
     if nxt and len(nxt) <= CAPS["next"] and url_has_allowed_host_and_scheme(nxt, allowed_hosts={request.get_host()}):
         return nxt
     return default
+
+
+def page_number(params) -> int:
+    """The ``page`` query parameter as a whole number from 1 (1 when absent); ``ValueError``
+    naming it otherwise. A page past the end shows the last one (``Paginator.get_page``)."""
+    raw = (params.get("page") or "1").strip()
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 7 and int(raw) >= 1):
+        raise ValueError(f"page must be a whole number from 1, e.g. ?page=2; got {raw[:20]!r}")
+    return int(raw)

@@ -1,6 +1,7 @@
 """The dashboard: its live regions, the chat, the target and the demo buttons."""
 
 import logging
+import uuid
 
 from django.conf import settings
 from django.contrib import messages
@@ -35,7 +36,7 @@ from console.views.common import (
     actor_of,
     operator_required,
 )
-from console.views.fleet import fleet_context
+from console.views.fleet import FLEET_ON_DASHBOARD, fleet_context
 from console.views.runs import runs_context
 from fleet.clock import clock
 from fleet.models import BILLABLE_STATUSES, DemandSample, Instance
@@ -165,7 +166,7 @@ DASHBOARD_REGIONS = {
     "observe_only": ("console/partials/observe_only.html", observe_only_context),
     "cards": ("console/partials/cards.html", cards_context),
     "chat": ("console/partials/chat_log.html", chat_context),
-    "fleet": ("console/partials/fleet.html", lambda: fleet_context(False)),
+    "fleet": ("console/partials/fleet.html", lambda: fleet_context(False, per_page=FLEET_ON_DASHBOARD, compact=True)),
     "runs": ("console/partials/runs.html", lambda: runs_context(RUNS_ON_DASHBOARD)),
 }
 
@@ -178,10 +179,11 @@ def _dashboard_page(request, status: int = 200, **forms) -> HttpResponse:
         enqueue_form=forms.get("enqueue_form") or EnqueueForm(),
         flash=forms.get("flash"),
         dashboard=True,
+        request_key=uuid.uuid4().hex,
     )
     ctx.update(cards_context())
     ctx.update(chat_context())
-    ctx.update(fleet_context(False))
+    ctx.update(fleet_context(False, per_page=FLEET_ON_DASHBOARD, compact=True))
     ctx.update(runs_context(RUNS_ON_DASHBOARD))
     ctx.update(inline_approvals_context())
     return render(request, "console/dashboard.html", ctx, status=status)
@@ -215,7 +217,8 @@ def dashboard(request: HtmxHttpRequest) -> HttpResponse:
     name = request.GET.get("partial", "")
     if _is_region(request) and name in DASHBOARD_REGIONS:
         template, build = DASHBOARD_REGIONS[name]
-        return render(request, template, _page_context(request, **build()))
+        # request_key: the fleet rows' action forms carry a one-time token (a replayed POST is a duplicate)
+        return render(request, template, _page_context(request, request_key=uuid.uuid4().hex, **build()))
     return _dashboard_page(request)
 
 

@@ -158,7 +158,8 @@ def instance_action(request: HtmxHttpRequest, external_id: str) -> HttpResponse:
         )
     else:
         status, code, detail = 400, "invalid", _form_errors(form)
-    result = {"ok": status == 200, "code": code, "detail": detail, "status": status}
+    result = {"ok": status == 200, "code": code, "detail": detail, "status": status,
+              "action": request.POST.get("action", "")[:20] if code != "invalid" else ""}
     if request.htmx:
         inst.refresh_from_db()
         resp = render(
@@ -170,6 +171,7 @@ def instance_action(request: HtmxHttpRequest, external_id: str) -> HttpResponse:
                 result=result,
                 request_key=uuid.uuid4().hex,
                 form_values=None if status == 200 else request.POST,
+                oob=True,  # a refusal also lands at the top of the page (#page-alert); success clears it
             ),
         )
         if status == 200:

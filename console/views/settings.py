@@ -59,22 +59,28 @@ def set_observe_only(request: HtmxHttpRequest) -> HttpResponse:
 def reset_session(request: HtmxHttpRequest) -> HttpResponse:
     """ "Reset session" (``do_reset_session``) in two steps, both POST: without ``confirm=yes`` nothing
     changes and the confirmation is shown — what a reset clears and what it keeps — with the form
-    that confirms (htmx: swapped in place of the controls; without JavaScript: a page). With
+    that confirms (htmx: swapped in place of the "New conversation" box; without JavaScript: a page). With
     ``confirm=yes`` it clears the conversation; runs stay on the Runs pages, run numbers keep
     counting, objectives and memory stay."""
     form = ResetForm(request.POST)
     if not form.is_valid():
-        return _flash_response(request, False, _form_errors(form))
-    if not form.confirmed():
-        state = SessionState.get()
-        ctx = _page_context(request, reset_form=form, state=state)
+        flash = {"ok": False, "text": _form_errors(form)}
+    elif not form.confirmed():
+        ctx = _page_context(request, reset_form=form, state=SessionState.get())
         if request.htmx:
             return render(request, "console/partials/reset_confirm.html", ctx)
         return render(request, "console/reset_confirm.html", ctx)
-    state = do_reset_session(actor_of(request), form.cleaned_data.get("reason", "") or "operator pressed Reset session")
-    return _flash_response(
-        request, True, f"session reset: conversation epoch {state.epoch}", topics=("runs-changed", "chat-changed")
-    )
+    else:
+        state = do_reset_session(actor_of(request), form.cleaned_data.get("reason", "") or "operator pressed Reset session")
+        flash = {"ok": True, "text": f"session reset: new conversation (epoch {state.epoch}); runs and settings kept"}
+    if request.htmx:
+        resp = render(request, "console/partials/reset_session.html", _page_context(request, reset_flash=flash),
+                      status=200)
+        if flash["ok"]:
+            trigger_client_event(resp, "runs-changed")
+            trigger_client_event(resp, "chat-changed")
+        return resp
+    return _flash_response(request, flash["ok"], flash["text"])
 
 
 # --- providers and demand sources (read-only: configured by environment) ------------------------

@@ -453,6 +453,13 @@ class HarmonyDemandSource:
                 "owned_tasks": owned.get(m["id"], 0),
             })
 
+        # a destroyed instance's row stays in harmony_machines until Curio prunes it (cordoned,
+        # then stale): it is history, not an unknown node to name with CURIO_NODE_NAME
+        named = {x["name"] for x in unmatched if x["name"]}
+        if named:
+            gone = destroyed_worker_names(named) - ours
+            unmatched = [x for x in unmatched if x["name"] not in gone]
+
         expected = live = cordoned = norow = starting = 0
         for inst in running:
             name = inst.worker_name or inst.external_id
@@ -519,3 +526,17 @@ def _per_worker(spans, machines, details, shared, instances) -> tuple[dict | Non
             per_gpu.setdefault(gpu_of[name], []).append(seconds)
     return ({k: statistics.median(v) for k, v in sorted(per_worker.items())},
             {k: statistics.median(v) for k, v in sorted(per_gpu.items())})
+
+
+def destroyed_worker_names(names: set[str]) -> set[str]:
+    """Which of ``names`` (Curio ``machine_name`` values) name the worker of an instance we
+    destroyed (``Instance.killed_at`` set; matched by ``worker_name``, else ``external_id``, as
+    live instances are). One query on Warden's database."""
+    from django.db.models import Q
+
+    from fleet.models import Instance
+
+    rows = Instance.objects.filter(killed_at__isnull=False).filter(
+        Q(worker_name__in=names) | Q(worker_name="", external_id__in=names)
+    ).values_list("worker_name", "external_id")
+    return {w or e for w, e in rows} & names
