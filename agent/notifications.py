@@ -227,18 +227,39 @@ def _payload(n: Notification) -> dict:
     return {"text": text, "blocks": [{"type": "section", "text": {"type": "mrkdwn", "text": text[:3000]}}]}
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """urllib follows a 301/302/303 by sending a GET elsewhere, which a webhook reads as nothing
+    sent: a redirect is an answer (an ``HTTPError`` with its 3xx code) instead."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None
+
+
+#: the opener webhooks use: redirects are answers, not followed (:func:`post_webhook` allows http(s) only)
+_OPENER = urllib.request.build_opener(_NoRedirect)
+
+
 def post_webhook(n: Notification, url: str) -> None:
     """POST ``n`` as Slack-compatible JSON to ``url``. Raises :class:`TransientError` (no
-    connection, timeout, 429, 5xx) or :class:`PermanentError` (another 4xx); messages never
-    contain the URL."""
-    req = urllib.request.Request(url, data=json.dumps(_payload(n)).encode(), method="POST",
-                                 headers={"Content-Type": "application/json", "User-Agent": "warden-notify"})
+    connection, timeout, 429, 5xx) or :class:`PermanentError` (another 4xx, a 3xx, which is not
+    followed, or a value that is not an http(s) URL); messages never contain the URL."""
+    if not url.startswith(("http://", "https://")) or any(c.isspace() for c in url):
+        # never the value itself: a wrong file holds anything
+        raise PermanentError("the webhook reference does not hold an http(s) URL; put the URL alone in it")
     try:
-        with urllib.request.urlopen(req, timeout=settings.NOTIFY["WEBHOOK_TIMEOUT_S"]) as resp:
+        req = urllib.request.Request(url, data=json.dumps(_payload(n)).encode(), method="POST",
+                                     headers={"Content-Type": "application/json", "User-Agent": "warden-notify"})
+    except ValueError:
+        raise PermanentError("the webhook reference does not hold a valid URL") from None
+    try:
+        with _OPENER.open(req, timeout=settings.NOTIFY["WEBHOOK_TIMEOUT_S"]) as resp:
             resp.read(1024)
     except urllib.error.HTTPError as exc:
         if exc.code == 429 or exc.code >= 500:
             raise TransientError(f"webhook answered HTTP {exc.code}") from None
+        if 300 <= exc.code < 400:
+            raise PermanentError(f"webhook answered HTTP {exc.code} (a redirect, not followed: a POST redirected "
+                                 "becomes a GET that delivers nothing); give the final URL") from None
         raise PermanentError(f"webhook answered HTTP {exc.code}; check the URL behind the reference") from None
     except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
         reason = getattr(exc, "reason", exc)

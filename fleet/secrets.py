@@ -194,11 +194,16 @@ class SecretReferenceError(ValueError):
     """A secret reference could not be resolved (names the reference, never a value)."""
 
 
+#: the largest secret file read (a PEM key is a few KB): a reference to a log or a device is an error
+SECRET_FILE_MAX = 64 * 1024
+
+
 def resolve(ref: str) -> str:
     """Resolve ``env:NAME`` or ``file:/path`` to the secret's value, at the moment of use.
 
     Raises :class:`SecretReferenceError` naming the reference when it is malformed, the variable
-    is unset or the file is missing. The value is never logged or stored by this function.
+    is unset, the file is missing or larger than :data:`SECRET_FILE_MAX` bytes. The value is never
+    logged or stored by this function.
     """
     if ref.startswith("env:"):
         name = ref[4:]
@@ -209,9 +214,14 @@ def resolve(ref: str) -> str:
     if ref.startswith("file:"):
         path = Path(ref[5:])
         try:
-            return path.read_text().strip()
+            with path.open("rb") as f:  # read at most a little past the cap: /dev/zero or a log ends here
+                data = f.read(SECRET_FILE_MAX + 1)
         except OSError as exc:
             raise SecretReferenceError(f"secret reference {ref!r}: cannot read file ({exc.strerror})") from None
+        if len(data) > SECRET_FILE_MAX:
+            raise SecretReferenceError(f"secret reference {ref!r}: the file is larger than {SECRET_FILE_MAX} bytes; "
+                                       "it must hold the secret alone")
+        return data.decode(errors="replace").strip()
     raise SecretReferenceError(f"secret reference {ref!r}: use env:NAME or file:/path")
 
 
