@@ -71,6 +71,12 @@ def check_webhook_ref(ref: str) -> str:
                          "or a file and give env:NAME or file:/path")
     if not ref.startswith(("env:", "file:")) or len(ref) < 6 or len(ref) > 500:
         raise ValueError("the webhook must be a reference: env:NAME or file:/path")
+    kind, _, name = ref.partition(":")
+    # "env:https://hooks…" or a URL without its scheme is still the URL: refused, never stored
+    if kind == "env" and not (name.isascii() and name.isidentifier()):
+        raise ValueError("env: takes an environment variable's name (letters, digits, _), not its value")
+    if kind == "file" and (not name.startswith("/") or "://" in name or any(c.isspace() for c in name)):
+        raise ValueError("file: takes an absolute path (file:/etc/warden/slack-url), not the URL")
     return ref
 
 

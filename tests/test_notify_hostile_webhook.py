@@ -95,3 +95,20 @@ def test_a_reference_to_a_huge_file_or_a_device_is_refused_quickly(alice, fast, 
     assert time.monotonic() - started < 2
     n = deliver(_one_alert_for(alice, "file:/dev/zero").pk)
     assert n.status == "failed" and "larger than" in n.last_error
+
+
+@pytest.mark.parametrize("pasted", [
+    "env:https://hooks.slack.com/services/T0/B0/xoxbsecrettoken12345",
+    "file:https://hooks.slack.com/services/T0/B0/xoxbsecrettoken12345",
+    "env:hooks.slack.com/services/T0/B0/xoxbsecrettoken12345",
+    "hooks.slack.com/services/T0/B0/xoxbsecrettoken12345",
+])
+def test_a_url_dressed_as_a_reference_is_refused_not_stored_and_not_echoed(client, alice, pasted):
+    client.force_login(alice)
+    resp = client.post("/notifications/", {"email": "", "webhook_ref": pasted, "kind": ["alert"]})
+    html = resp.content.decode()
+    assert resp.status_code == 400 and "xoxbsecrettoken12345" not in html and "hooks.slack.com" not in html
+    from agent.models import AuditLog, NotificationSettings
+
+    assert not NotificationSettings.objects.filter(webhook_ref__contains="xoxb").exists()
+    assert not AuditLog.objects.filter(verb="notification_settings").exists()
