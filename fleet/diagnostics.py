@@ -11,6 +11,7 @@ network. The rules judge is the default; a model judge (agent side) may replace 
 
 import json
 import re
+import time
 
 from fleet.clock import clock
 from fleet.models import Diagnosis, Instance
@@ -41,6 +42,41 @@ _NVIDIA_RULES = [
 
 class Unreachable(Exception):
     """The command runner could not connect (refused, timeout, auth)."""
+
+
+def _read_until_exit(chan, timeout_s: float, keep: int = 4 * MAX_EVIDENCE_CHARS) -> tuple[str, int] | None:
+    """Read a paramiko channel's stdout, then stderr, text until the command exits, for at most
+    ``timeout_s`` seconds in all (paramiko's timeout bounds each read only: a command that writes
+    forever, ``yes`` or ``journalctl -f``, would never time out and fill memory). Keeps the first
+    ``keep`` bytes of each stream and drains the rest. Returns ``(text, exit code)`` (-1 when the
+    channel closed without one), or None past the deadline (the channel is closed)."""
+    deadline = time.monotonic() + timeout_s
+    out, err = bytearray(), bytearray()
+    while True:
+        busy = False
+        if chan.recv_ready():
+            data, busy = chan.recv(32768), True
+            out += data[: max(0, keep - len(out))]
+        if chan.recv_stderr_ready():
+            data, busy = chan.recv_stderr(32768), True
+            err += data[: max(0, keep - len(err))]
+        if not busy:
+            if chan.exit_status_ready() or (chan.closed and not chan.recv_ready() and not chan.recv_stderr_ready()):
+                break
+            if time.monotonic() > deadline:
+                chan.close()
+                return None
+            time.sleep(0.01)
+        elif time.monotonic() > deadline:
+            chan.close()
+            return None
+    # the exit status arrives after the data on the channel: what is buffered now is all of it
+    while chan.recv_ready():
+        out += chan.recv(32768)[: max(0, keep - len(out))]
+    while chan.recv_stderr_ready():
+        err += chan.recv_stderr(32768)[: max(0, keep - len(err))]
+    rc = chan.recv_exit_status() if chan.exit_status_ready() else -1
+    return out.decode(errors="replace") + err.decode(errors="replace"), rc
 
 
 class SSHRunner:
@@ -110,8 +146,10 @@ class SSHRunner:
             return 255, "ssh session not active (the connection dropped)"
         try:
             _, stdout, stderr = self.client.exec_command(command, timeout=timeout_s)
-            out = stdout.read().decode(errors="replace") + stderr.read().decode(errors="replace")
-            rc = stdout.channel.recv_exit_status()
+            got = _read_until_exit(stdout.channel, timeout_s)
+            if got is None:
+                return 124, f"timed out after {timeout_s:g}s: the command was still running or still writing"
+            out, rc = got
             if rc == -1:  # paramiko: the channel closed without an exit status (connection dropped)
                 self.broken = True
                 return 255, (out + "\nssh session dropped before the command's exit status arrived")[-MAX_EVIDENCE_CHARS:]
