@@ -4,6 +4,7 @@ with a reason that names no secret, and nothing is sent elsewhere.
 Real parts: ``http.server`` receivers on loopback, files on disk, the real delivery path (``deliver``).
 """
 
+import os
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -86,15 +87,19 @@ def test_a_reference_to_a_file_that_is_not_a_url_fails_without_showing_the_file(
     assert "does not hold an http(s) URL" in n.last_error and "hunter2" not in n.last_error
 
 
-def test_a_reference_to_a_huge_file_or_a_device_is_refused_quickly(alice, fast, tmp_path):
+def test_a_reference_to_a_huge_file_a_device_or_a_pipe_is_refused_quickly(alice, fast, tmp_path):
     big = tmp_path / "app.log"
     big.write_bytes(b"x" * 5_000_000)
     started = time.monotonic()
     assert "larger than" in reference_status(f"file:{big}")
-    assert "larger than" in reference_status("file:/dev/zero")  # never ends: read whole, it fills memory
+    assert "not a regular file" in reference_status("file:/dev/zero")  # never ends: read whole, it fills memory
+    fifo = tmp_path / "hook.fifo"
+    os.mkfifo(fifo)  # nobody writes: a blocking open waits for ever
+    assert "not a regular file" in reference_status(f"file:{fifo}")
+    assert "not a regular file" in reference_status(f"file:{tmp_path}")
     assert time.monotonic() - started < 2
-    n = deliver(_one_alert_for(alice, "file:/dev/zero").pk)
-    assert n.status == "failed" and "larger than" in n.last_error
+    n = deliver(_one_alert_for(alice, f"file:{fifo}").pk)
+    assert n.status == "failed" and "not a regular file" in n.last_error
 
 
 @pytest.mark.parametrize("pasted", [
