@@ -195,6 +195,16 @@ def test_an_old_reading_is_stale(endpoint):
 
 
 @DB
+def test_a_reading_dated_in_the_future_is_stale_not_fresh_for_ever(endpoint):
+    ahead = (timezone.now() + timedelta(hours=6)).isoformat()
+    endpoint.answer({"queued": 3, "running": 0, "taken_at": ahead})
+
+    r = read_demand([])
+
+    assert r.state == "stale" and "in the future" in r.error
+
+
+@DB
 def test_the_token_is_sent_by_reference_and_never_recorded(endpoint, settings, monkeypatch):
     monkeypatch.setenv("DEMAND_TOKEN_FOR_TEST", TOKEN)
     settings.WARDEN = {**settings.WARDEN, "DEMAND_TOKEN_ENV": "DEMAND_TOKEN_FOR_TEST"}

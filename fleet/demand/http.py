@@ -12,7 +12,7 @@ each read, never stored or shown) must answer 200 with a JSON object::
      "proofs_hr": 40,         # proofs completed over the window below
      "rate_window_s": 900,    # that window, seconds
      "oldest_queued_s": 600,
-     "taken_at": "2026-12-01T01:00:00Z",   # when the endpoint measured; older than 2 observe intervals: stale
+     "taken_at": "2026-12-01T01:00:00Z",   # when measured; older or further ahead than 2 observe intervals: stale
      "workers": [{"name": "rig-1", "live": true, "unschedulable": false, "owned_tasks": 1}]}
 
 ``workers`` (each ``name`` is an instance's worker name, its Curio ``machine_name``) gives the
@@ -148,6 +148,10 @@ class HTTPDemandSource:
             limit = 2 * settings.WARDEN["OBSERVE_INTERVAL_S"]
             if age > limit:
                 state, error = "stale", f"the endpoint's reading is {age:.0f} s old (limit {limit} s)"
+            elif -age > limit:
+                # a frozen endpoint stamping a future time would otherwise never go stale
+                state, error = "stale", (f"the endpoint's reading is dated {-age:.0f} s in the future (limit {limit} s): "
+                                         "its clock or its taken_at is wrong")
         unreadable: dict[str, str] = {}
         counts = _workers(instances, b.workers, now)
         if b.workers is None:
