@@ -122,12 +122,19 @@ def notify(kind: str, key: str, subject: str, body: str, link: str = "") -> list
                 with transaction.atomic():
                     row = Notification.objects.create(
                         user=prefs.user, kind=kind, channel=channel, dedupe_key=f"{key}:{prefs.user_id}:{channel}"[:200],
-                        subject=redact(subject)[:300], body=redact(body), link=link[:300], created_at=clock.now())
+                        subject=_one_line(redact(subject))[:300], body=redact(body), link=link[:300],
+                        created_at=clock.now())
             except IntegrityError:
                 continue  # already announced to this operator on this channel
             created.append(row)
             transaction.on_commit(lambda pk=row.pk: enqueue(pk), robust=True)
     return created
+
+
+def _one_line(text: str) -> str:
+    """``text`` with its line breaks and runs of whitespace as single spaces: an email subject is
+    one header line (Django raises BadHeaderError for a newline; an alert's message may span lines)."""
+    return " ".join(text.split())
 
 
 def enqueue(pk: int) -> bool:
@@ -284,7 +291,7 @@ def send_email(n: Notification, address: str) -> None:
     body = n.body + (f"\n\n{n.link}" if n.link else "")
     try:
         connection = get_connection(password=password) if password is not None else get_connection()
-        EmailMessage(n.subject, body, to=[address], connection=connection).send()
+        EmailMessage(_one_line(n.subject), body, to=[address], connection=connection).send()
     except smtplib.SMTPResponseException as exc:
         if 400 <= exc.smtp_code < 500:
             raise TransientError(f"SMTP {exc.smtp_code}") from None
