@@ -265,8 +265,8 @@ def post_webhook(n: Notification, url: str) -> None:
     except ValueError:
         raise PermanentError("the webhook reference does not hold a valid URL") from None
     try:
-        with _OPENER.open(req, timeout=settings.NOTIFY["WEBHOOK_TIMEOUT_S"]) as resp:
-            resp.read(1024)
+        with _OPENER.open(req, timeout=settings.NOTIFY["WEBHOOK_TIMEOUT_S"]):
+            pass  # the status is the answer; the body is not read (one dripped slowly held the worker for hours)
     except urllib.error.HTTPError as exc:
         if exc.code == 429 or exc.code >= 500:
             raise TransientError(f"webhook answered HTTP {exc.code}") from None

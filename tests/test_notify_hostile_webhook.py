@@ -117,3 +117,29 @@ def test_a_url_dressed_as_a_reference_is_refused_not_stored_and_not_echoed(clien
 
     assert not NotificationSettings.objects.filter(webhook_ref__contains="xoxb").exists()
     assert not AuditLog.objects.filter(verb="notification_settings").exists()
+
+
+def test_a_receiver_that_drips_its_body_does_not_hold_the_worker(alice, fast, monkeypatch):
+    """200 and its headers at once, then the body a byte a second: the status is the answer."""
+    import socket
+
+    srv = socket.create_server(("127.0.0.1", 0))
+
+    def drip():
+        conn, _ = srv.accept()
+        conn.recv(65536)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 600\r\n\r\n")
+        try:
+            for _ in range(600):
+                conn.sendall(b"o")
+                time.sleep(1)
+        except OSError:
+            pass  # the client hung up
+        conn.close()
+
+    threading.Thread(target=drip, daemon=True).start()
+    monkeypatch.setenv("WARDEN_TEST_HOOK", f"http://127.0.0.1:{srv.getsockname()[1]}/hook")
+    started = time.monotonic()
+    n = deliver(_one_alert_for(alice, "env:WARDEN_TEST_HOOK").pk)
+    assert n.status == "sent" and time.monotonic() - started < 5
+    srv.close()
