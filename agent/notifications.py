@@ -71,6 +71,12 @@ def check_webhook_ref(ref: str) -> str:
                          "or a file and give env:NAME or file:/path")
     if not ref.startswith(("env:", "file:")) or len(ref) < 6 or len(ref) > 500:
         raise ValueError("the webhook must be a reference: env:NAME or file:/path")
+    kind, _, name = ref.partition(":")
+    # "env:https://hooks…" or a URL without its scheme is still the URL: refused, never stored
+    if kind == "env" and not (name.isascii() and name.isidentifier()):
+        raise ValueError("env: takes an environment variable's name (letters, digits, _), not its value")
+    if kind == "file" and (not name.startswith("/") or "://" in name or any(c.isspace() for c in name)):
+        raise ValueError("file: takes an absolute path (file:/etc/warden/slack-url), not the URL")
     return ref
 
 
@@ -116,12 +122,19 @@ def notify(kind: str, key: str, subject: str, body: str, link: str = "") -> list
                 with transaction.atomic():
                     row = Notification.objects.create(
                         user=prefs.user, kind=kind, channel=channel, dedupe_key=f"{key}:{prefs.user_id}:{channel}"[:200],
-                        subject=redact(subject)[:300], body=redact(body), link=link[:300], created_at=clock.now())
+                        subject=_one_line(redact(subject))[:300], body=redact(body), link=link[:300],
+                        created_at=clock.now())
             except IntegrityError:
                 continue  # already announced to this operator on this channel
             created.append(row)
             transaction.on_commit(lambda pk=row.pk: enqueue(pk), robust=True)
     return created
+
+
+def _one_line(text: str) -> str:
+    """``text`` with its line breaks and runs of whitespace as single spaces: an email subject is
+    one header line (Django raises BadHeaderError for a newline; an alert's message may span lines)."""
+    return " ".join(text.split())
 
 
 def enqueue(pk: int) -> bool:
@@ -227,18 +240,39 @@ def _payload(n: Notification) -> dict:
     return {"text": text, "blocks": [{"type": "section", "text": {"type": "mrkdwn", "text": text[:3000]}}]}
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """urllib follows a 301/302/303 by sending a GET elsewhere, which a webhook reads as nothing
+    sent: a redirect is an answer (an ``HTTPError`` with its 3xx code) instead."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None
+
+
+#: the opener webhooks use: redirects are answers, not followed (:func:`post_webhook` allows http(s) only)
+_OPENER = urllib.request.build_opener(_NoRedirect)
+
+
 def post_webhook(n: Notification, url: str) -> None:
     """POST ``n`` as Slack-compatible JSON to ``url``. Raises :class:`TransientError` (no
-    connection, timeout, 429, 5xx) or :class:`PermanentError` (another 4xx); messages never
-    contain the URL."""
-    req = urllib.request.Request(url, data=json.dumps(_payload(n)).encode(), method="POST",
-                                 headers={"Content-Type": "application/json", "User-Agent": "warden-notify"})
+    connection, timeout, 429, 5xx) or :class:`PermanentError` (another 4xx, a 3xx, which is not
+    followed, or a value that is not an http(s) URL); messages never contain the URL."""
+    if not url.startswith(("http://", "https://")) or any(c.isspace() for c in url):
+        # never the value itself: a wrong file holds anything
+        raise PermanentError("the webhook reference does not hold an http(s) URL; put the URL alone in it")
     try:
-        with urllib.request.urlopen(req, timeout=settings.NOTIFY["WEBHOOK_TIMEOUT_S"]) as resp:
-            resp.read(1024)
+        req = urllib.request.Request(url, data=json.dumps(_payload(n)).encode(), method="POST",
+                                     headers={"Content-Type": "application/json", "User-Agent": "warden-notify"})
+    except ValueError:
+        raise PermanentError("the webhook reference does not hold a valid URL") from None
+    try:
+        with _OPENER.open(req, timeout=settings.NOTIFY["WEBHOOK_TIMEOUT_S"]):
+            pass  # the status is the answer; the body is not read (one dripped slowly held the worker for hours)
     except urllib.error.HTTPError as exc:
         if exc.code == 429 or exc.code >= 500:
             raise TransientError(f"webhook answered HTTP {exc.code}") from None
+        if 300 <= exc.code < 400:
+            raise PermanentError(f"webhook answered HTTP {exc.code} (a redirect, not followed: a POST redirected "
+                                 "becomes a GET that delivers nothing); give the final URL") from None
         raise PermanentError(f"webhook answered HTTP {exc.code}; check the URL behind the reference") from None
     except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
@@ -257,7 +291,7 @@ def send_email(n: Notification, address: str) -> None:
     body = n.body + (f"\n\n{n.link}" if n.link else "")
     try:
         connection = get_connection(password=password) if password is not None else get_connection()
-        EmailMessage(n.subject, body, to=[address], connection=connection).send()
+        EmailMessage(_one_line(n.subject), body, to=[address], connection=connection).send()
     except smtplib.SMTPResponseException as exc:
         if 400 <= exc.smtp_code < 500:
             raise TransientError(f"SMTP {exc.smtp_code}") from None

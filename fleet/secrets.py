@@ -39,6 +39,7 @@ once: work is proportional to the input (``bench/redaction.py`` measures it,
 import logging
 import os
 import re
+import stat
 from pathlib import Path
 
 MARK = "[REDACTED]"
@@ -194,11 +195,17 @@ class SecretReferenceError(ValueError):
     """A secret reference could not be resolved (names the reference, never a value)."""
 
 
+#: the largest secret file read (a PEM key is a few KB): a reference to a log or a device is an error
+SECRET_FILE_MAX = 64 * 1024
+
+
 def resolve(ref: str) -> str:
     """Resolve ``env:NAME`` or ``file:/path`` to the secret's value, at the moment of use.
 
     Raises :class:`SecretReferenceError` naming the reference when it is malformed, the variable
-    is unset or the file is missing. The value is never logged or stored by this function.
+    is unset, the file is missing, not a regular file (a FIFO, a device) or larger than
+    :data:`SECRET_FILE_MAX` bytes. The value is never
+    logged or stored by this function.
     """
     if ref.startswith("env:"):
         name = ref[4:]
@@ -209,9 +216,23 @@ def resolve(ref: str) -> str:
     if ref.startswith("file:"):
         path = Path(ref[5:])
         try:
-            return path.read_text().strip()
+            # non-blocking open: a FIFO with no writer would block the page or the worker for ever
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
         except OSError as exc:
             raise SecretReferenceError(f"secret reference {ref!r}: cannot read file ({exc.strerror})") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise SecretReferenceError(f"secret reference {ref!r}: not a regular file (a device, pipe or "
+                                       "directory); put the secret alone in a file")
+        with os.fdopen(fd, "rb") as f:
+            try:
+                data = f.read(SECRET_FILE_MAX + 1)  # a little past the cap: a log ends here
+            except OSError as exc:
+                raise SecretReferenceError(f"secret reference {ref!r}: cannot read file ({exc.strerror})") from None
+        if len(data) > SECRET_FILE_MAX:
+            raise SecretReferenceError(f"secret reference {ref!r}: the file is larger than {SECRET_FILE_MAX} bytes; "
+                                       "it must hold the secret alone")
+        return data.decode(errors="replace").strip()
     raise SecretReferenceError(f"secret reference {ref!r}: use env:NAME or file:/path")
 
 

@@ -116,6 +116,12 @@ def test_without_workers_the_worker_counts_are_unknown_not_zero(endpoint):
     (dict(obj={"queued": "many", "running": 0}), "bad body: queued: Input should be a valid integer"),
     (dict(obj={"queued": 1, "running": 0, "workers": [{"live": True}]}), "bad body: workers.0.name: Field required"),
     (dict(obj={"error": "db down"}, status=503), "HTTP 503"),
+    # values the sample's columns cannot hold, or that no sizing can use
+    (dict(raw=b'{"queued": 1, "running": 0, "proof_s_by_gpu": {"RTX 4090": NaN}}'),
+     "bad body: proof_s_by_gpu.RTX 4090: Input should be a finite number"),
+    (dict(obj={"queued": 1, "running": 0, "proof_s_by_gpu": {"RTX 4090": -5}}),
+     "bad body: proof_s_by_gpu.RTX 4090: Input should be greater than 0"),
+    (dict(obj={"queued": 10**23, "running": 0}), "bad body: queued: Input should be less than or equal to 2147483647"),
 ])
 def test_a_bad_answer_is_unknown_with_the_reason(endpoint, answer, reason):
     endpoint.answer(**answer)
@@ -138,6 +144,37 @@ def test_a_timeout_is_unknown(endpoint):
 
 
 @DB
+def test_a_body_dripped_a_byte_at_a_time_times_out_as_a_whole(endpoint, settings):
+    """Each byte arrives within the read timeout, the whole answer would take 30 s: unknown after about 1 s."""
+    import socket
+
+    srv = socket.create_server(("127.0.0.1", 0))
+    body = json.dumps({"queued": 1, "running": 0, "pad": " " * 300}).encode()
+
+    def drip():
+        conn, _ = srv.accept()
+        conn.recv(4096)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body))
+        try:
+            for i in range(len(body)):
+                conn.sendall(body[i:i + 1])
+                time.sleep(0.1)
+        except OSError:
+            pass  # the client gave up
+        conn.close()
+
+    threading.Thread(target=drip, daemon=True).start()
+    settings.WARDEN = {**settings.WARDEN, "DEMAND_URL": f"http://127.0.0.1:{srv.getsockname()[1]}/demand"}
+    started = time.monotonic()
+
+    r = read_demand([])
+
+    assert r.state == "unknown" and "timed out after 1 s" in r.error
+    assert time.monotonic() - started < 5
+    srv.close()
+
+
+@DB
 def test_a_refused_connection_is_unknown(endpoint, settings):
     settings.WARDEN = {**settings.WARDEN, "DEMAND_URL": f"http://127.0.0.1:{free_port()}/demand"}
 
@@ -155,6 +192,16 @@ def test_an_old_reading_is_stale(endpoint):
 
     assert r.state == "stale" and r.queued == 3
     assert "reading is 300 s old (limit 120 s)" in r.error
+
+
+@DB
+def test_a_reading_dated_in_the_future_is_stale_not_fresh_for_ever(endpoint):
+    ahead = (timezone.now() + timedelta(hours=6)).isoformat()
+    endpoint.answer({"queued": 3, "running": 0, "taken_at": ahead})
+
+    r = read_demand([])
+
+    assert r.state == "stale" and "in the future" in r.error
 
 
 @DB

@@ -159,6 +159,12 @@ def test_an_owned_host_is_never_destroyed(hosts):
      '[[hosts]]\nname = "a"\nhost = "h2"\n', "host name 'a' is used twice"),
     ('[[hosts]]\nname = "a"\nhost = "h"\nuser = "u"\nstart = "s"\nstop = "s"\ncheck = "c"\npassword = "x"\n',
      "host a: password: Extra inputs are not permitted"),
+    # two workers under one Curio machine name: one live worker would count for both hosts
+    ('[defaults]\nuser = "u"\nstart = "s"\nstop = "s"\ncheck = "c"\n[[hosts]]\nname = "a"\nhost = "h"\n'
+     '[[hosts]]\nname = "b"\nhost = "h2"\nworker_name = "a"\n', "host b: Curio machine name 'a' is also host a's"),
+    # a rented instance's id (vast.ai: a number) would be routed to the owned host, never destroyed
+    ('[[hosts]]\nname = "31337"\nhost = "h"\nuser = "u"\nstart = "s"\nstop = "s"\ncheck = "c"\n',
+     "host name '31337' is a number"),
     ('[hosts\n', "not valid TOML"),
     ('[server]\n', "unknown section(s) server"),
 ])

@@ -14,7 +14,7 @@ from django.views.decorators.http import require_http_methods
 
 from agent.actions import do_save_notification_settings
 from agent.models import Notification, NotificationSettings
-from agent.notifications import KINDS, reference_status
+from agent.notifications import KINDS, check_webhook_ref, reference_status
 from console.templatetags.console_extras import can_act
 from console.views.common import HtmxHttpRequest, _page_context, actor_of, operator_required
 
@@ -41,8 +41,10 @@ def notifications_page(request: HtmxHttpRequest) -> HttpResponse:
                                           kinds=form["kinds"], actor=actor_of(request))
         except ValueError as exc:
             error, status = str(exc), 400
-            if "://" in form["webhook_ref"]:
-                form["webhook_ref"] = ""  # a pasted URL carries its token: never echoed back
+            try:
+                check_webhook_ref(form["webhook_ref"])
+            except ValueError:
+                form["webhook_ref"] = ""  # not a reference: it may be the URL with its token, never echoed back
         else:
             messages.success(request, "notification settings saved")
             return redirect("notification_settings")

@@ -12,7 +12,7 @@ each read, never stored or shown) must answer 200 with a JSON object::
      "proofs_hr": 40,         # proofs completed over the window below
      "rate_window_s": 900,    # that window, seconds
      "oldest_queued_s": 600,
-     "taken_at": "2026-12-01T01:00:00Z",   # when the endpoint measured; older than 2 observe intervals: stale
+     "taken_at": "2026-12-01T01:00:00Z",   # when measured; older or further ahead than 2 observe intervals: stale
      "workers": [{"name": "rig-1", "live": true, "unschedulable": false, "owned_tasks": 1}]}
 
 ``workers`` (each ``name`` is an instance's worker name, its Curio ``machine_name``) gives the
@@ -23,7 +23,9 @@ A timeout, a refused connection, a status other than 200, a body that is not JSO
 missing or of the wrong type is ``unknown`` with the reason (never zero: DESIGN.md invariant 7).
 """
 
+import time
 from datetime import UTC, datetime, timedelta
+from typing import Annotated
 
 import httpx
 from django.conf import settings
@@ -35,6 +37,11 @@ from fleet.secrets import SecretReferenceError, redact, resolve
 
 #: the most of a body read (a demand answer is a few hundred bytes)
 MAX_BODY = 1_000_000
+#: the largest count taken (the demand sample's integer columns hold up to 2**31 - 1)
+MAX_COUNT = 2**31 - 1
+Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
+#: a measured duration or rate: finite and not negative (JSON ``NaN`` cannot be stored)
+Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
 
 class WorkerBody(BaseModel):
@@ -44,18 +51,18 @@ class WorkerBody(BaseModel):
     name: str = Field(min_length=1, max_length=100)
     live: bool
     unschedulable: bool = False
-    owned_tasks: int = Field(0, ge=0)
+    owned_tasks: Count = 0
 
 
 class DemandBody(BaseModel):
     """The endpoint's answer (module docstring); unknown keys are ignored."""
 
     model_config = ConfigDict(extra="ignore")
-    queued: int = Field(ge=0)
-    running: int = Field(ge=0)
-    backlog: int | None = Field(None, ge=0)
-    proof_s: float | None = Field(None, gt=0, allow_inf_nan=False)
-    proof_s_by_gpu: dict[str, float] | None = None
+    queued: Count
+    running: Count
+    backlog: Count | None = None
+    proof_s: Seconds | None = None
+    proof_s_by_gpu: dict[str, Seconds] | None = None
     proofs_hr: float | None = Field(None, ge=0, allow_inf_nan=False)
     rate_window_s: float | None = Field(None, gt=0, allow_inf_nan=False)
     oldest_queued_s: float | None = Field(None, ge=0, allow_inf_nan=False)
@@ -75,7 +82,8 @@ def token_ref() -> str:
 
 class HTTPDemandSource:
     """Reads demand from ``url`` (default WARDEN_DEMAND_URL) within ``timeout_s`` seconds (default
-    WARDEN_DEMAND_TIMEOUT_S, connect and read). ``read`` raises :class:`DemandError` with the
+    WARDEN_DEMAND_TIMEOUT_S, for the connect and each read, and for the whole body: an answer dripped
+    slowly times out too). ``read`` raises :class:`DemandError` with the
     reason for every failure in the module docstring."""
 
     kind = "http"
@@ -96,6 +104,8 @@ class HTTPDemandSource:
             except SecretReferenceError as exc:
                 raise DemandError(f"http demand source: {exc}") from None
         where = redact(self.url)
+        # httpx's timeout bounds each read; a body dripped a byte at a time is bounded here, as a whole
+        deadline = time.monotonic() + self.timeout_s
         try:
             with httpx.Client(timeout=self.timeout_s, follow_redirects=False) as client:
                 with client.stream("GET", self.url, headers=headers) as resp:
@@ -104,6 +114,8 @@ class HTTPDemandSource:
                         body += chunk
                         if len(body) > MAX_BODY:
                             raise DemandError(f"demand endpoint {where}: body larger than {MAX_BODY} bytes")
+                        if time.monotonic() > deadline:
+                            raise httpx.ReadTimeout("the body took too long")
         except httpx.TimeoutException:
             raise DemandError(f"demand endpoint {where}: timed out after {self.timeout_s:g} s") from None
         except httpx.HTTPError as exc:
@@ -136,6 +148,10 @@ class HTTPDemandSource:
             limit = 2 * settings.WARDEN["OBSERVE_INTERVAL_S"]
             if age > limit:
                 state, error = "stale", f"the endpoint's reading is {age:.0f} s old (limit {limit} s)"
+            elif -age > limit:
+                # a frozen endpoint stamping a future time would otherwise never go stale
+                state, error = "stale", (f"the endpoint's reading is dated {-age:.0f} s in the future (limit {limit} s): "
+                                         "its clock or its taken_at is wrong")
         unreadable: dict[str, str] = {}
         counts = _workers(instances, b.workers, now)
         if b.workers is None:

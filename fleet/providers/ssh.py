@@ -93,7 +93,8 @@ def load_hosts(path: str | None = None) -> list[HostConfig]:
 
     Raises ``ProviderError`` (permanent, code ``config``) naming the file, the host entry and the
     field when the file is missing, unreadable, not TOML, or an entry is invalid; a name used
-    twice is an error too.
+    twice, a name that is only digits (a rented instance's id looks so) and two hosts whose workers
+    would register under one Curio machine name (their liveness could not be told apart) are errors too.
     """
     path = path if path is not None else hosts_file()
     if not path:
@@ -113,7 +114,7 @@ def load_hosts(path: str | None = None) -> list[HostConfig]:
     entries = raw.get("hosts") or []
     if not isinstance(defaults, dict) or not isinstance(entries, list):
         raise ProviderError(f"{path}: [defaults] must be a table and [[hosts]] an array of tables", code="config")
-    hosts, seen = [], set()
+    hosts, seen, curio_names = [], set(), {}
     for i, entry in enumerate(entries, 1):
         if not isinstance(entry, dict):
             raise ProviderError(f"{path}: host #{i} is not a table", code="config")
@@ -126,7 +127,16 @@ def load_hosts(path: str | None = None) -> list[HostConfig]:
             raise ProviderError(f"{path}: host {who}: {field}: {err['msg']}", code="config") from None
         if h.name in seen:
             raise ProviderError(f"{path}: host name {h.name!r} is used twice; names must be unique", code="config")
+        if h.name.isdigit():
+            # vast.ai instance ids are numbers: per-instance calls go to the owner of the id (WithOwnedHosts)
+            raise ProviderError(f"{path}: host name {h.name!r} is a number, like a rented instance's id; give it a "
+                                f"name with a letter (rig-{h.name})", code="config")
+        if h.curio_name in curio_names:
+            raise ProviderError(f"{path}: host {h.name}: Curio machine name {h.curio_name!r} is also host "
+                                f"{curio_names[h.curio_name]}'s; each host's worker needs its own (set worker_name)",
+                                code="config")
         seen.add(h.name)
+        curio_names[h.curio_name] = h.name
         hosts.append(h)
     return hosts
 
