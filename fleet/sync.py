@@ -60,7 +60,9 @@ def sync_instances(provider=None) -> list[Instance]:
       name, started_at... are copied; ``status_since`` moves to ``clock.now()`` when the status
       changes;
     - one of our live rows missing from the list: marked killed (``killed_by="provider"``,
-      reason "vanished") unless it was created less than :func:`vanish_grace` ago;
+      reason "vanished") unless it was created less than :func:`vanish_grace` ago, and only once
+      the provider's ``show`` confirms it gone (:func:`_confirm_missing`: a list that omits an
+      instance ``show`` still returns raises ``list_inconsistent``);
     - a listed instance we have no row for (an instance labelled ours: providers list only
       theirs): adopted — a new row with ``adopted_at`` set and an ``adopt_instance`` audit row
       naming ``WARDEN_ORPHANS``; with ``destroy`` the monitor then destroys it
@@ -87,15 +89,17 @@ def sync_instances(provider=None) -> list[Instance]:
     now = clock.now()
     changed = False
     grace = vanish_grace()
+    names = getattr(provider, "names", {provider.name})
+    gone = _confirm_missing(provider, names, set(by_id), now - grace)
     failed: list[Instance] = []
     with transaction.atomic():
-        names = getattr(provider, "names", {provider.name})
         rows = list(Instance.objects.select_for_update().filter(provider__in=names, killed_at__isnull=True))
         for row in rows:
             p = by_id.pop(row.external_id, None)
             if p is None:
-                if row.created_at > now - grace:
-                    continue
+                if row.created_at > now - grace or (gone is not None and row.destroy_requested_at is None
+                                                    and row.external_id not in gone):
+                    continue  # young, or not yet confirmed gone (next tick)
                 if row.destroy_requested_at is not None:
                     row.killed_at, row.killed_by, row.kill_reason = now, "monitor", "destroy confirmed by re-list"
                 else:
@@ -156,6 +160,46 @@ def sync_instances(provider=None) -> list[Instance]:
         if changed:
             emit("fleet-changed")
     return list(Instance.objects.filter(provider__in=names, killed_at__isnull=True).order_by("-created_at"))
+
+
+#: at most this many missing instances are confirmed (one ``show`` each) per sync; the rest wait a tick
+CONFIRM_MAX = 5
+
+
+def _confirm_missing(provider, names, listed: set[str], born_before) -> set[str] | None:
+    """Which of our live rows past the grace that ``listed`` omits the provider confirms gone.
+
+    A list can be well formed and still wrong (a lagging replica answering an empty page): so a
+    provider with ``show`` is asked about each missing instance (at most :data:`CONFIRM_MAX` a sync)
+    and only those it answers ``not_found`` for are returned, to be marked vanished. One it still
+    shows means the list is not to be trusted: ProviderError ``list_inconsistent`` (semantic; a
+    ``provider_error`` alert, nothing changed), never "all vanished". Rows we asked to destroy are
+    not asked about (their absence is what we wanted). ``None`` for a provider
+    without ``show`` (its list is its truth)."""
+    from fleet.providers.base import ProviderError
+
+    show = getattr(provider, "show", None)
+    if show is None:
+        return None
+    missing = list(Instance.objects.filter(provider__in=names, killed_at__isnull=True, created_at__lte=born_before,
+                                           destroy_requested_at__isnull=True)
+                   .exclude(external_id__in=listed).order_by("created_at").values_list("external_id", flat=True)
+                   [:CONFIRM_MAX])
+    gone = set()
+    for ext in missing:
+        try:
+            pi = show(ext)
+        except ProviderError as exc:
+            if exc.code in ("not_found", "no_such_instance"):
+                gone.add(ext)
+                continue
+            raise
+        if pi.status != "destroyed":
+            raise ProviderError(f"{provider.name} list omitted instance {ext}, which it still shows {pi.status}: "
+                                f"the list is not trusted this tick ({len(listed)} listed)", kind="semantic",
+                                code="list_inconsistent")
+        gone.add(ext)
+    return gone
 
 
 def _audit_adopted(rows: list[Instance]) -> None:

@@ -18,7 +18,7 @@ Routes (answers as vast gives them):
 Every request needs ``Authorization: Bearer <key>`` (else 401 ``auth_error``). :meth:`VastServer.fault`
 queues an answer for the next requests to a route: ``"429"`` (plain text ``API requests too
 frequent``), ``"empty"`` (200, no body), ``"html"`` (200, a Cloudflare-like page), ``"malformed"``
-(200, JSON without ``instances``), ``"410"`` (the deprecated answer), ``"new_contract_error"``
+(200, JSON without ``instances``), ``"blank"`` (200, a well-formed page listing nothing), ``"410"`` (the deprecated answer), ``"new_contract_error"``
 (create: the instance is made, stopped, and the answer is a 400 error naming it), ``"500"``, ``"echo_key"`` (502 echoing the Authorization header); route
 ``list_next`` faults only the pages after the first.
 ``requests`` records ``(method, path, query string, headers)`` of every request.
@@ -163,6 +163,8 @@ def _handler(server: VastServer):
                 self._send(200, HTML, "text/html; charset=utf-8")
             elif answer == "malformed":
                 self._send(200, {"success": True, "total": 3})
+            elif answer == "blank":  # a well-formed page that lists nothing, whatever exists (a lagging replica)
+                self._send(200, {"instances": [], "instances_found": 0, "next_token": None})
             elif answer == "410":
                 self._deprecated()
             elif answer == "echo_key":  # a broken proxy that echoes the request's Authorization header

@@ -33,6 +33,7 @@ Facts: ``reference/vastai.md`` (statuses §2.4, rate limits §2.5, labels, creat
 """
 
 import json
+import math
 import re
 import threading
 import time
@@ -152,7 +153,8 @@ def storage_dph(row: dict) -> float:
 def to_instance(row: dict) -> ProviderInstance:
     """A vast instance row (v1 list or v0 show) as a :class:`ProviderInstance`.
 
-    Raises ProviderError ``malformed`` when the row has no integer ``id``.
+    Raises ProviderError ``malformed`` when the row has no integer ``id``, or a ``dph_total`` that
+    is NaN, infinite or negative (a price no cap could be checked against).
     """
     if not isinstance(row, dict) or not isinstance(row.get("id"), int) or isinstance(row.get("id"), bool):
         raise ProviderError(f"vast: an instance row without an integer id: {redact(str(row)[:200])}",
@@ -166,6 +168,9 @@ def to_instance(row: dict) -> ProviderInstance:
         dph = float(row.get("dph_total") or 0.0)
     except (TypeError, ValueError):
         dph = 0.0
+    if not math.isfinite(dph) or dph < 0:  # NaN compares false with every cap: the budget guard would never see it
+        raise ProviderError(f"vast: instance {row['id']} has a bad dph_total {redact(str(row.get('dph_total'))[:40])!r} "
+                            "(not a finite price ≥ 0)", kind="semantic", code="malformed")
     label = str(row.get("label") or "").strip()
     return ProviderInstance(
         storage_dph=storage_dph(row),

@@ -1,0 +1,83 @@
+"""Faults an operator, a flaky cloud or an attacker bring to the vast.ai provider, against the
+local vast server through the real ``vastai`` package: a list that briefly shows nothing, bad
+numbers in an instance row, ids that are not vast's, a 5xx on destroy."""
+
+import time
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from fleet.models import Instance
+from fleet.providers.base import ProviderError
+from fleet.providers.vastai import VastProvider, to_instance
+from fleet.sync import sync_instances
+from tests import vast_support
+
+vast = vast_support.vast
+pytestmark = pytest.mark.django_db
+HOUR_AGO = time.time() - 3600
+
+
+def _row_for(server_row):
+    now = timezone.now()
+    return Instance.objects.create(provider="vastai", external_id=str(server_row["id"]), label=server_row["label"],
+                                   status="running", status_since=now, created_at=now - timedelta(hours=1))
+
+
+def test_a_list_that_briefly_shows_nothing_is_an_error_never_all_vanished(vast):
+    rows = [_row_for(vast.add(f"warden-{i:040x}", start_date=HOUR_AGO)) for i in range(3)]
+    vast.fault("list", "blank")  # 200, well formed, no instances: while all three still run and bill
+
+    with pytest.raises(ProviderError) as err:
+        sync_instances()
+
+    assert err.value.code == "list_inconsistent"
+    assert Instance.objects.filter(pk__in=[r.pk for r in rows], killed_at__isnull=True).count() == 3
+    sync_instances()  # the next, honest answer
+    assert Instance.objects.filter(pk__in=[r.pk for r in rows], killed_at__isnull=True).count() == 3
+
+
+def test_an_instance_really_gone_is_still_marked_vanished(vast):
+    gone = _row_for({"id": 4242, "label": "warden-gone"})  # vast shows no such instance either
+    kept = _row_for(vast.add("warden-kept", start_date=HOUR_AGO))
+
+    sync_instances()
+
+    gone.refresh_from_db(), kept.refresh_from_db()
+    assert gone.kill_reason == "vanished" and kept.killed_at is None
+
+
+@pytest.mark.parametrize("dph", [float("nan"), float("inf"), -3.0, "NaN", "-0.5", "-inf"])
+def test_a_bad_price_in_an_instance_row_is_malformed_never_a_cost(dph):
+    # NaN compares false with every cap (the budget guard would pass it); a negative price offsets real spend
+    with pytest.raises(ProviderError) as err:
+        to_instance({"id": 7, "label": "warden-x", "actual_status": "running", "dph_total": dph})
+    assert err.value.code == "malformed" and "dph_total" in str(err.value)
+
+
+def test_a_bad_price_in_the_list_is_a_provider_error_and_changes_no_row(vast):
+    row = _row_for(vast.add("warden-nan", start_date=HOUR_AGO))
+    vast.instances[int(row.external_id)]["dph_total"] = float("nan")  # the server sends a bare NaN token
+
+    with pytest.raises(ProviderError):
+        sync_instances()
+
+    row.refresh_from_db()
+    assert row.killed_at is None and row.dph == 0.0
+
+
+def test_a_string_id_is_malformed_not_another_instance():
+    with pytest.raises(ProviderError) as err:
+        to_instance({"id": "7", "label": "warden-x"})
+    assert err.value.code == "malformed"
+
+
+def test_a_5xx_on_destroy_is_an_unknown_outcome_never_done(vast):
+    row = vast.add("warden-doomed")
+    vast.fault("destroy", "500")
+
+    with pytest.raises(ProviderError) as err:
+        VastProvider().destroy(str(row["id"]))
+
+    assert err.value.outcome_unknown and row["id"] in vast.instances
