@@ -13,6 +13,7 @@ from fleet.providers.base import ProviderError
 from fleet.providers.vastai import VastProvider, to_instance
 from fleet.sync import sync_instances
 from tests import vast_support
+from tests.vast_support import KEY
 
 vast = vast_support.vast
 pytestmark = pytest.mark.django_db
@@ -81,3 +82,18 @@ def test_a_5xx_on_destroy_is_an_unknown_outcome_never_done(vast):
         VastProvider().destroy(str(row["id"]))
 
     assert err.value.outcome_unknown and row["id"] in vast.instances
+
+
+@pytest.mark.parametrize("where", ["list", "destroy"])
+def test_a_key_echoed_where_an_error_snippet_is_cut_leaves_no_part_of_it(vast, where, caplog):
+    # redacting after the cut: a 64-hex key cut to 37 characters is no longer key-shaped, and 37 of its
+    # 64 characters would reach the alert, the logs and the model's context
+    row = vast.add("warden-echo")
+    vast.fault(where, "echo_key_late", times=10)
+
+    with pytest.raises(ProviderError) as err:
+        VastProvider().destroy(str(row["id"])) if where == "destroy" else VastProvider().list_instances()
+
+    text = str(err.value) + caplog.text
+    assert "header=" in str(err.value)  # the snippet reached the key's place
+    assert not any(KEY[i:i + 12] in text for i in range(0, 64 - 12))

@@ -19,7 +19,7 @@ Every request needs ``Authorization: Bearer <key>`` (else 401 ``auth_error``). :
 queues an answer for the next requests to a route: ``"429"`` (plain text ``API requests too
 frequent``), ``"empty"`` (200, no body), ``"html"`` (200, a Cloudflare-like page), ``"malformed"``
 (200, JSON without ``instances``), ``"blank"`` (200, a well-formed page listing nothing), ``"410"`` (the deprecated answer), ``"new_contract_error"``
-(create: the instance is made, stopped, and the answer is a 400 error naming it), ``"500"``, ``"echo_key"`` (502 echoing the Authorization header); route
+(create: the instance is made, stopped, and the answer is a 400 error naming it), ``"500"``, ``"echo_key"`` (502 echoing the Authorization header), ``"echo_key_late"`` (the bare key 170 characters in); route
 ``list_next`` faults only the pages after the first.
 ``requests`` records ``(method, path, query string, headers)`` of every request.
 """
@@ -169,6 +169,8 @@ def _handler(server: VastServer):
                 self._deprecated()
             elif answer == "echo_key":  # a broken proxy that echoes the request's Authorization header
                 self._send(502, f"bad gateway; request had {self.headers.get('Authorization')}", "text/plain")
+            elif answer == "echo_key_late":  # the same, 170 characters into the body (where a snippet is cut)
+                self._send(502, "x" * 163 + f"header={self.headers.get('Authorization', '')[7:]}", "text/plain")
             elif answer == "500":
                 self._send(500, {"success": False, "error": "server_error", "msg": "internal"})
             else:

@@ -157,7 +157,7 @@ def to_instance(row: dict) -> ProviderInstance:
     is NaN, infinite or negative (a price no cap could be checked against).
     """
     if not isinstance(row, dict) or not isinstance(row.get("id"), int) or isinstance(row.get("id"), bool):
-        raise ProviderError(f"vast: an instance row without an integer id: {redact(str(row)[:200])}",
+        raise ProviderError(f"vast: an instance row without an integer id: {redact(str(row))[:200]}",
                             kind="semantic", code="malformed")
     status, intended, msg, facts = map_status(row)
     try:
@@ -169,7 +169,7 @@ def to_instance(row: dict) -> ProviderInstance:
     except (TypeError, ValueError):
         dph = 0.0
     if not math.isfinite(dph) or dph < 0:  # NaN compares false with every cap: the budget guard would never see it
-        raise ProviderError(f"vast: instance {row['id']} has a bad dph_total {redact(str(row.get('dph_total'))[:40])!r} "
+        raise ProviderError(f"vast: instance {row['id']} has a bad dph_total {redact(str(row.get('dph_total')))[:40]!r} "
                             "(not a finite price ≥ 0)", kind="semantic", code="malformed")
     label = str(row.get("label") or "").strip()
     return ProviderInstance(
@@ -265,7 +265,7 @@ def _body_json(resp: requests.Response):
 
 def _snippet(resp: requests.Response) -> str:
     text = (resp.text or "").strip().replace("\n", " ")
-    return redact(text[:200]) or "(empty body)"
+    return redact(text)[:200] or "(empty body)"
 
 
 def http_error(what: str, resp: requests.Response) -> ProviderError:
@@ -584,7 +584,7 @@ class VastProvider(Provider):
         if not isinstance(contract, int) or isinstance(contract, bool):
             if isinstance(body, dict) and body.get("success") is False:
                 self._ok("create", body)
-            raise ProviderError(f"vast create: the answer names no new_contract: {redact(str(body)[:200])}",
+            raise ProviderError(f"vast create: the answer names no new_contract: {redact(str(body))[:200]}",
                                 kind="semantic", code="malformed")
         note = ""
         if body.get("success") is not True:
