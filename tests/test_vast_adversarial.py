@@ -97,3 +97,15 @@ def test_a_key_echoed_where_an_error_snippet_is_cut_leaves_no_part_of_it(vast, w
     text = str(err.value) + caplog.text
     assert "header=" in str(err.value)  # the snippet reached the key's place
     assert not any(KEY[i:i + 12] in text for i in range(0, 64 - 12))
+
+
+def test_a_list_that_repeats_a_page_under_fresh_tokens_is_an_error_not_duplicates_or_a_hang(vast):
+    for i in range(30):
+        vast.add(f"warden-{i:040x}")
+    vast.fault("list_next", "repeat", times=1000)  # every next page is page one, each under a new token
+
+    with pytest.raises(ProviderError) as err:
+        VastProvider().list_instances()
+
+    assert err.value.code == "malformed" and "repeat" in str(err.value)
+    assert vast.count("GET", "/api/v1/instances/") == 2  # found at the first repeat, not after 400 pages

@@ -20,7 +20,8 @@ queues an answer for the next requests to a route: ``"429"`` (plain text ``API r
 frequent``), ``"empty"`` (200, no body), ``"html"`` (200, a Cloudflare-like page), ``"malformed"``
 (200, JSON without ``instances``), ``"blank"`` (200, a well-formed page listing nothing), ``"410"`` (the deprecated answer), ``"new_contract_error"``
 (create: the instance is made, stopped, and the answer is a 400 error naming it), ``"500"``, ``"echo_key"`` (502 echoing the Authorization header), ``"echo_key_late"`` (the bare key 170 characters in); route
-``list_next`` faults only the pages after the first.
+``list_next`` faults only the pages after the first (and also takes ``"repeat"``: page one again
+under a fresh token, a server paging in circles).
 ``requests`` records ``(method, path, query string, headers)`` of every request.
 """
 
@@ -243,12 +244,16 @@ def _handler(server: VastServer):
                 for op, val in cond.items():
                     rows = [r for r in rows if _OPS[op](r.get(col), val)]
             after = q.get("after_token")
+            queue = server.faults.get("list_next") or []
+            if after and queue and queue[0] == "repeat":  # page one again, under a token never sent before
+                queue.pop(0)
+                return self._send(200, {"instances": rows[:limit], "next_token": f"tok-0.{len(server.requests)}"})
             if after and self._fault("list_next"):
                 return None
             if after:
                 if not after.startswith("tok-"):
                     return self._send(400, {"success": False, "error": "invalid_args", "msg": "bad after_token"})
-                rows = [r for r in rows if r["id"] > int(after[4:])]
+                rows = [r for r in rows if r["id"] > int(after[4:].split(".")[0])]
             page = rows[:limit]
             more = len(rows) > limit
             labels = {}

@@ -418,8 +418,10 @@ class VastProvider(Provider):
 
     # --- reads -------------------------------------------------------------------------------
     def _pages(self, select_filters: dict) -> list[dict]:
-        """Every row of ``GET /api/v1/instances/`` for ``select_filters``, every page."""
-        rows, token, seen = [], None, set()
+        """Every row of ``GET /api/v1/instances/`` for ``select_filters``, every page. Raises
+        ProviderError ``malformed`` for a bad or repeated ``next_token``, a page repeating an
+        instance of an earlier one, or more than :data:`MAX_PAGES` pages."""
+        rows, token, seen, seen_ids = [], None, set(), set()
         for _ in range(MAX_PAGES):
             params = {"select_filters": select_filters, "order_by": [{"col": "id", "dir": "asc"}], "limit": PAGE_LIMIT}
             if token:
@@ -435,6 +437,11 @@ class VastProvider(Provider):
             if not isinstance(body.get("instances"), list):
                 raise ProviderError(f"vast list: the answer has no 'instances' list (keys: {sorted(body)[:8]})",
                                     kind="semantic", code="malformed")
+            ids = [r.get("id") for r in body["instances"] if isinstance(r, dict)]
+            if seen_ids.intersection(ids):  # keyset pages never overlap: a server paging in circles
+                raise ProviderError(f"vast list: page {len(seen) + 2} repeats instances of an earlier page",
+                                    kind="semantic", code="malformed")
+            seen_ids.update(ids)
             rows.extend(body["instances"])
             token = body.get("next_token")
             if not token:
