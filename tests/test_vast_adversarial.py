@@ -109,3 +109,14 @@ def test_a_list_that_repeats_a_page_under_fresh_tokens_is_an_error_not_duplicate
 
     assert err.value.code == "malformed" and "repeat" in str(err.value)
     assert vast.count("GET", "/api/v1/instances/") == 2  # found at the first repeat, not after 400 pages
+
+
+@pytest.mark.parametrize("bad", [{"nested": 1}, [1, 2], None, "12", True])
+def test_an_instance_row_with_an_unhashable_or_odd_id_is_malformed_never_a_crash(vast, bad):
+    row = vast.add("warden-odd")
+    row["id"] = bad  # the server sends it as it is
+
+    with pytest.raises(ProviderError) as err:
+        VastProvider().list_instances()
+
+    assert err.value.code == "malformed"

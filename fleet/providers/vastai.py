@@ -437,7 +437,7 @@ class VastProvider(Provider):
             if not isinstance(body.get("instances"), list):
                 raise ProviderError(f"vast list: the answer has no 'instances' list (keys: {sorted(body)[:8]})",
                                     kind="semantic", code="malformed")
-            ids = [r.get("id") for r in body["instances"] if isinstance(r, dict)]
+            ids = [r["id"] for r in body["instances"] if isinstance(r, dict) and isinstance(r.get("id"), int)]
             if seen_ids.intersection(ids):  # keyset pages never overlap: a server paging in circles
                 raise ProviderError(f"vast list: page {len(seen) + 2} repeats instances of an earlier page",
                                     kind="semantic", code="malformed")
