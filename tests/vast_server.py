@@ -19,7 +19,8 @@ Every request needs ``Authorization: Bearer <key>`` (else 401 ``auth_error``). :
 queues an answer for the next requests to a route: ``"429"`` (plain text ``API requests too
 frequent``), ``"empty"`` (200, no body), ``"html"`` (200, a Cloudflare-like page), ``"malformed"``
 (200, JSON without ``instances``), ``"blank"`` (200, a well-formed page listing nothing), ``"410"`` (the deprecated answer), ``"new_contract_error"``
-(create: the instance is made, stopped, and the answer is a 400 error naming it), ``"500"``, ``"echo_key"`` (502 echoing the Authorization header), ``"echo_key_late"`` (the bare key 170 characters in); route
+(create: the instance is made, stopped, and the answer is a 400 error naming it), ``"slow"`` (create: the
+instance is made, the answer sent after ``slow_s`` seconds), ``"500"``, ``"echo_key"`` (502 echoing the Authorization header), ``"echo_key_late"`` (the bare key 170 characters in); route
 ``list_next`` faults only the pages after the first (and also takes ``"repeat"``: page one again
 under a fresh token, a server paging in circles).
 ``requests`` records ``(method, path, query string, headers)`` of every request.
@@ -79,6 +80,7 @@ class VastServer:
         self.faults: dict[str, list[str]] = {}
         self.requests: list[tuple[str, str, str, dict]] = []
         self.searches: list[dict] = []
+        self.slow_s = 2.0  # how late a "slow" answer comes
         self.ssh = ("127.0.0.1", 22)
         self.boot_status = "running"
         self._next_id = 30_000_001
@@ -153,7 +155,7 @@ def _handler(server: VastServer):
             if not queue:
                 return False
             answer = queue.pop(0)
-            if answer == "new_contract_error":
+            if answer in ("new_contract_error", "slow"):
                 queue.insert(0, answer)  # handled by create itself
                 return False
             if answer == "429":
@@ -294,6 +296,9 @@ def _handler(server: VastServer):
             server.instances[iid] = row
             server.offers.remove(offer)
             queue = server.faults.get("create") or []
+            if queue and queue[0] == "slow":  # made, then answered too late: the client has given up
+                queue.pop(0)
+                time.sleep(server.slow_s)
             if queue and queue[0] == "new_contract_error":
                 queue.pop(0)
                 row.update(actual_status="stopped", intended_status="stopped", cur_state="stopped", next_state="stopped",
