@@ -11,7 +11,7 @@ from django.db import transaction
 
 from fleet.clock import clock
 from fleet.events import emit
-from fleet.models import Instance
+from fleet.models import Instance, StatusChange
 from fleet.providers import get_provider
 from fleet.secrets import redact
 
@@ -150,6 +150,10 @@ def sync_instances(provider=None) -> list[Instance]:
             ]
             if new:
                 Instance.objects.bulk_create(new)
+                # bulk_create sends no post_save: the adopted status's billing period starts here (fleet.cost),
+                # or the hours until its first change would count at the storage rate
+                StatusChange.objects.bulk_create([StatusChange(instance=r, at=r.status_since, status=r.status, dph=r.dph,
+                                                               storage_dph=r.storage_dph) for r in new])
                 _audit_adopted(new)
                 changed = True
         if failed:
