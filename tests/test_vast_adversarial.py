@@ -120,3 +120,19 @@ def test_an_instance_row_with_an_unhashable_or_odd_id_is_malformed_never_a_crash
         VastProvider().list_instances()
 
     assert err.value.code == "malformed"
+
+
+@pytest.mark.parametrize(("field", "value"), [("actual_status", {"state": "running"}), ("actual_status", ["running"]),
+                                              ("actual_status", 3), ("ssh_port", 10 ** 30), ("ssh_port", -22),
+                                              ("ssh_port", float("inf")), ("start_date", "yesterday"),
+                                              ("status_msg", {"error": "x"}), ("label_extra", None)])
+def test_odd_fields_in_our_instance_row_sync_without_a_crash(vast, field, value):
+    row = vast.add("warden-odd-fields", start_date=HOUR_AGO)
+    row[field] = value
+
+    [inst] = sync_instances()
+
+    assert inst.external_id == str(row["id"])
+    assert inst.ssh_port is None or 0 < inst.ssh_port < 65536
+    if field == "actual_status":
+        assert inst.status == "created" and "not recognised" in inst.status_msg

@@ -100,7 +100,8 @@ def map_status(row: dict, label_prefix: str = "") -> tuple[str, str, str, dict]:
     - an unfamiliar status → ``created`` (pending; SkyPilot's default), named in the message.
     """
     raw = row.get("actual_status")
-    raw = raw.strip().lower() if isinstance(raw, str) else raw
+    # a non-string status (a number, a list, an object) is unfamiliar, never a crash
+    raw = raw.strip().lower() if isinstance(raw, str) else (None if raw is None else str(raw)[:40])
     intended = str(row.get("intended_status") or "running").strip().lower()
     msg = str(row.get("status_msg") or "").strip()
     cls = status_class(msg)
@@ -162,7 +163,9 @@ def to_instance(row: dict) -> ProviderInstance:
     status, intended, msg, facts = map_status(row)
     try:
         ssh_port = int(row["ssh_port"]) if row.get("ssh_port") not in (None, "") else None
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
+        ssh_port = None
+    if ssh_port is not None and not 0 < ssh_port < 65536:  # not a port (and past the column's range)
         ssh_port = None
     try:
         dph = float(row.get("dph_total") or 0.0)
