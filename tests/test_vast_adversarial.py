@@ -136,3 +136,34 @@ def test_odd_fields_in_our_instance_row_sync_without_a_crash(vast, field, value)
     assert inst.ssh_port is None or 0 < inst.ssh_port < 65536
     if field == "actual_status":
         assert inst.status == "created" and "not recognised" in inst.status_msg
+
+
+@pytest.mark.parametrize("call", ["destroy", "stop", "show"])
+def test_an_id_that_is_not_vasts_is_refused_never_counted_as_destroyed(vast, call):
+    # e.g. an owned host's name routed to the rented provider once it left the hosts file
+    with pytest.raises(ProviderError) as err:
+        getattr(VastProvider(), call)("rig-1")
+
+    assert err.value.code == "invalid_id" and not err.value.outcome_unknown
+    assert vast.requests == []  # nothing was sent
+
+
+def test_beside_owned_hosts_a_blank_vast_list_is_still_an_error(vast, tmp_path, monkeypatch):
+    from fleet.providers.ssh import SSHProvider, WithOwnedHosts
+
+    hosts = tmp_path / "hosts.toml"
+    hosts.write_text("")  # owned hosts configured, none listed yet
+    monkeypatch.setenv("WARDEN_SSH_HOSTS_FILE", str(hosts))
+    row = _row_for(vast.add("warden-beside", start_date=HOUR_AGO))
+    retired = Instance.objects.create(provider="ssh", external_id="rig-9", status="running", status_since=timezone.now(),
+                                      created_at=timezone.now() - timedelta(hours=1))  # gone from the hosts file
+    fleet = WithOwnedHosts(VastProvider(), SSHProvider())
+    vast.fault("list", "blank")
+
+    with pytest.raises(ProviderError) as err:
+        sync_instances(fleet)
+    assert err.value.code == "list_inconsistent"
+
+    sync_instances(fleet)
+    row.refresh_from_db(), retired.refresh_from_db()
+    assert row.killed_at is None and retired.kill_reason == "vanished"  # the owned host's list is its truth

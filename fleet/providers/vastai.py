@@ -489,8 +489,9 @@ class VastProvider(Provider):
         try:
             return int(str(external_id))
         except ValueError:
-            raise ProviderError(f"vast: {str(external_id)[:40]!r} is not a vast instance id", kind="permanent",
-                                code="not_found") from None
+            # not "not_found": destroy counts that as done, and nothing was sent (an owned host's name routed here)
+            raise ProviderError(f"vast: {redact(str(external_id))[:40]!r} is not a vast instance id", kind="permanent",
+                                code="invalid_id") from None
 
     def offer_query(self, *, gpu_name: str = "", max_dph: float | None = None, min_gpu_ram_gb: float | None = None,
                     min_reliability: float | None = None, min_cuda: float | None = None,
