@@ -102,6 +102,8 @@ def sync_instances(provider=None) -> list[Instance]:
                     continue  # young, or not yet confirmed gone (next tick)
                 if row.destroy_requested_at is not None:
                     row.killed_at, row.killed_by, row.kill_reason = now, "monitor", "destroy confirmed by re-list"
+                elif gone and gone.get(row.external_id):
+                    row.killed_at, row.killed_by, row.kill_reason = now, "provider", gone[row.external_id][:200]
                 else:
                     row.killed_at, row.killed_by, row.kill_reason = now, "provider", "vanished"
                 row.save(update_fields=["killed_at", "killed_by", "kill_reason"])
@@ -170,8 +172,10 @@ def sync_instances(provider=None) -> list[Instance]:
 CONFIRM_MAX = 5
 
 
-def _confirm_missing(provider, names, listed: set[str], born_before) -> set[str] | None:
-    """Which of our live rows past the grace that ``listed`` omits the provider confirms gone.
+def _confirm_missing(provider, names, listed: set[str], born_before) -> dict[str, str] | None:
+    """Which of our live rows past the grace that ``listed`` omits the provider confirms gone, as
+    ``{external_id: kill reason}`` ("" for vanished; an instance relabelled at the provider without
+    our label is no longer ours and says so).
 
     A list can be well formed and still wrong (a lagging replica answering an empty page): so a
     provider with ``show`` is asked about each missing instance (at most :data:`CONFIRM_MAX` a sync)
@@ -187,22 +191,25 @@ def _confirm_missing(provider, names, listed: set[str], born_before) -> set[str]
         return None
     missing = list(Instance.objects.filter(provider__in=names, killed_at__isnull=True, created_at__lte=born_before,
                                            destroy_requested_at__isnull=True)
-                   .exclude(external_id__in=listed).order_by("created_at").values_list("external_id", flat=True)
+                   .exclude(external_id__in=listed).order_by("created_at").values_list("external_id", "label")
                    [:CONFIRM_MAX])
-    gone = set()
-    for ext in missing:
+    gone: dict[str, str] = {}
+    for ext, label in missing:
         try:
             pi = show(ext)
         except ProviderError as exc:
             if exc.code in ("not_found", "no_such_instance"):
-                gone.add(ext)
+                gone[ext] = ""
                 continue
             raise
+        if label and pi.label != label:  # relabelled at the provider (by hand): no longer ours, though it exists
+            gone[ext] = redact(f"relabelled {pi.label!r} at the provider: no longer ours (it still exists and bills)")
+            continue
         if pi.status != "destroyed":
             raise ProviderError(f"{provider.name} list omitted instance {ext}, which it still shows {pi.status}: "
                                 f"the list is not trusted this tick ({len(listed)} listed)", kind="semantic",
                                 code="list_inconsistent")
-        gone.add(ext)
+        gone[ext] = ""
     return gone
 
 

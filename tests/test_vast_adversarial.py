@@ -167,3 +167,16 @@ def test_beside_owned_hosts_a_blank_vast_list_is_still_an_error(vast, tmp_path, 
     sync_instances(fleet)
     row.refresh_from_db(), retired.refresh_from_db()
     assert row.killed_at is None and retired.kill_reason == "vanished"  # the owned host's list is its truth
+
+
+def test_an_instance_relabelled_by_hand_leaves_the_fleet_without_freezing_the_reconcile(vast):
+    mine = _row_for(vast.add("warden-relabel-me", start_date=HOUR_AGO))
+    other = _row_for(vast.add("warden-other", start_date=HOUR_AGO))
+    vast.instances[int(mine.external_id)]["label"] = "alice-debugging"  # the operator took it over in vast's console
+    vast.instances[int(other.external_id)]["actual_status"] = "stopped"
+
+    sync_instances()
+
+    mine.refresh_from_db(), other.refresh_from_db()
+    assert mine.killed_at is not None and "relabelled 'alice-debugging'" in mine.kill_reason
+    assert other.status == "stopped"  # the rest of the fleet still reconciles
