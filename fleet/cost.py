@@ -7,9 +7,10 @@ running"; ``stopped`` is "halted — disk charges only"; ``frozen`` keeps paying
 ``storage_dph`` in every other state until it is killed, and nothing after ``killed_at``.
 
 Time in state comes from :class:`fleet.models.StatusChange` rows, written by :func:`track_saves`'s
-receivers whenever an ``Instance`` is saved with a new status or new rates. Rows created without
-``save()`` (``bulk_create`` adoption) have no change row until their first change: their current
-status counts from ``status_since``, and the time before it at the storage rate.
+receivers whenever an ``Instance`` is saved with a new status or new rates, and by the reconcile
+for the rows it adopts (``bulk_create`` sends no signal). A row with no change row counts its
+current status from ``status_since``; the time before the first known period (an adopted
+instance's life before we saw it) counts at the storage rate.
 """
 
 from dataclasses import dataclass, field

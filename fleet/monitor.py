@@ -86,5 +86,9 @@ def _orphans(world) -> set[int]:
         return set()
     from agent.models import SideEffect  # our own launches, by the label they carry (agent.claims)
 
-    ours = set(SideEffect.objects.filter(label__in=[lb for lb in adopted.values() if lb]).values_list("label", flat=True))
-    return {pk for pk, label in adopted.items() if label not in ours}
+    # a provider may prefix the launch label (vast: WARDEN_VAST_LABEL_PREFIX before agent.claims.launch_label)
+    prefix = (getattr(settings, "VAST", None) or {}).get("LABEL_PREFIX") or ""
+    bare = {pk: (lb[len(prefix):] if prefix and lb.startswith(prefix) else lb) for pk, lb in adopted.items()}
+    ours = set(SideEffect.objects.filter(label__in=[lb for lb in {*adopted.values(), *bare.values()} if lb])
+               .values_list("label", flat=True))
+    return {pk for pk, label in adopted.items() if label not in ours and bare[pk] not in ours}

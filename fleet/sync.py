@@ -11,7 +11,7 @@ from django.db import transaction
 
 from fleet.clock import clock
 from fleet.events import emit, trigger
-from fleet.models import Instance
+from fleet.models import Instance, StatusChange
 from fleet.providers import get_provider
 from fleet.secrets import redact
 
@@ -60,7 +60,9 @@ def sync_instances(provider=None) -> list[Instance]:
       name, started_at... are copied; ``status_since`` moves to ``clock.now()`` when the status
       changes;
     - one of our live rows missing from the list: marked killed (``killed_by="provider"``,
-      reason "vanished") unless it was created less than :func:`vanish_grace` ago;
+      reason "vanished") unless it was created less than :func:`vanish_grace` ago, and only once
+      the provider's ``show`` confirms it gone (:func:`_confirm_missing`: a list that omits an
+      instance ``show`` still returns raises ``list_inconsistent``);
     - a listed instance we have no row for (an instance labelled ours: providers list only
       theirs): adopted — a new row with ``adopted_at`` set and an ``adopt_instance`` audit row
       naming ``WARDEN_ORPHANS``; with ``destroy`` the monitor then destroys it
@@ -87,18 +89,22 @@ def sync_instances(provider=None) -> list[Instance]:
     now = clock.now()
     changed = False
     grace = vanish_grace()
+    names = getattr(provider, "names", {provider.name})
+    gone = _confirm_missing(provider, names, set(by_id), now - grace)
     failed: list[Instance] = []
     stopped_running = 0
     with transaction.atomic():
-        names = getattr(provider, "names", {provider.name})
         rows = list(Instance.objects.select_for_update().filter(provider__in=names, killed_at__isnull=True))
         for row in rows:
             p = by_id.pop(row.external_id, None)
             if p is None:
-                if row.created_at > now - grace:
-                    continue
+                if row.created_at > now - grace or (gone is not None and row.destroy_requested_at is None
+                                                    and row.external_id not in gone):
+                    continue  # young, or not yet confirmed gone (next tick)
                 if row.destroy_requested_at is not None:
                     row.killed_at, row.killed_by, row.kill_reason = now, "monitor", "destroy confirmed by re-list"
+                elif gone and gone.get(row.external_id):
+                    row.killed_at, row.killed_by, row.kill_reason = now, "provider", gone[row.external_id][:200]
                 else:
                     row.killed_at, row.killed_by, row.kill_reason = now, "provider", "vanished"
                     if row.status == "running":
@@ -154,6 +160,10 @@ def sync_instances(provider=None) -> list[Instance]:
             ]
             if new:
                 Instance.objects.bulk_create(new)
+                # bulk_create sends no post_save: the adopted status's billing period starts here (fleet.cost),
+                # or the hours until its first change would count at the storage rate
+                StatusChange.objects.bulk_create([StatusChange(instance=r, at=r.status_since, status=r.status, dph=r.dph,
+                                                               storage_dph=r.storage_dph) for r in new])
                 _audit_adopted(new)
                 changed = True
         if failed:
@@ -167,6 +177,51 @@ def sync_instances(provider=None) -> list[Instance]:
         if stopped_running and not any(i.status == "running" for i in live):
             trigger("workers_all_dead", f"no instance of {provider.name} is running any more")
     return live
+
+
+#: at most this many missing instances are confirmed (one ``show`` each) per sync; the rest wait a tick
+CONFIRM_MAX = 5
+
+
+def _confirm_missing(provider, names, listed: set[str], born_before) -> dict[str, str] | None:
+    """Which of our live rows past the grace that ``listed`` omits the provider confirms gone, as
+    ``{external_id: kill reason}`` ("" for vanished; an instance relabelled at the provider without
+    our label is no longer ours and says so).
+
+    A list can be well formed and still wrong (a lagging replica answering an empty page): so a
+    provider with ``show`` is asked about each missing instance (at most :data:`CONFIRM_MAX` a sync)
+    and only those it answers ``not_found`` for are returned, to be marked vanished. One it still
+    shows means the list is not to be trusted: ProviderError ``list_inconsistent`` (semantic; a
+    ``provider_error`` alert, nothing changed), never "all vanished". Rows we asked to destroy are
+    not asked about (their absence is what we wanted). ``None`` for a provider
+    without ``show`` (its list is its truth)."""
+    from fleet.providers.base import ProviderError
+
+    show = getattr(provider, "show", None)
+    if show is None:
+        return None
+    missing = list(Instance.objects.filter(provider__in=names, killed_at__isnull=True, created_at__lte=born_before,
+                                           destroy_requested_at__isnull=True)
+                   .exclude(external_id__in=listed).order_by("created_at").values_list("external_id", "label")
+                   [:CONFIRM_MAX])
+    gone: dict[str, str] = {}
+    for ext, label in missing:
+        try:
+            pi = show(ext)
+        except ProviderError as exc:
+            if exc.code in ("not_found", "no_such_instance"):
+                gone[ext] = ""
+                continue
+            raise
+        if label and pi.label != label:  # relabelled at the provider (by hand): no longer ours, though it exists
+            gone[ext] = redact(f"relabelled {pi.label!r} at the provider: no longer ours (it still exists and bills)")
+            continue
+        if pi.status != "destroyed":
+            raise ProviderError(f"{provider.name} list omitted instance {ext}, which it still shows {pi.status}: "
+                                f"the list is not trusted this tick ({len(listed)} listed)", kind="semantic",
+                                code="list_inconsistent")
+        gone[ext] = ""
+    return gone
 
 
 def _audit_adopted(rows: list[Instance]) -> None:

@@ -70,12 +70,12 @@ def test_a_price_change_starts_a_new_period(cloud, vclock):
 
 
 def test_an_adopted_instance_pays_storage_before_we_saw_it_run(cloud, vclock):
-    # listed by the provider with no row of ours: sync adopts it (bulk_create, no change row yet)
+    # listed by the provider with no row of ours: sync adopts it, its status billed from adoption on
     cloud.listed["v-3"] = ProviderInstance("v-3", "running", dph=1.0, storage_dph=0.05,
                                            started_at=clock.now() - timedelta(hours=4))
     sync_instances(cloud)
     inst = Instance.objects.get(external_id="v-3")
-    assert not StatusChange.objects.filter(instance=inst).exists()
+    assert list(StatusChange.objects.filter(instance=inst).values_list("status", "at")) == [("running", clock.now())]
     hours(vclock, 1)
 
     s = spend_by_instance([inst])[inst.pk]
@@ -105,3 +105,19 @@ def test_every_observe_cycle_records_a_fleet_sample(cloud, vclock):
     assert (sample.instances, sample.running, sample.dph) == (2, 1, pytest.approx(1.7))
     assert sample.taken_at == clock.now()
     assert sample.target_proofs_hr == effective_limits().target_proofs_hr
+
+
+def test_an_adopted_instance_keeps_its_gpu_hours_when_its_status_later_changes(cloud, vclock):
+    # adoption writes no change row (bulk_create); the first change after it must not turn the hours it
+    # ran since adoption into storage hours
+    cloud.listed["v-7"] = ProviderInstance("v-7", "running", dph=1.0, storage_dph=0.05,
+                                           started_at=clock.now() - timedelta(hours=4))
+    sync_instances(cloud)
+    hours(vclock, 3)
+    provider_says(cloud, "v-7", "stopped")
+    hours(vclock, 1)
+
+    inst = Instance.objects.get(external_id="v-7")
+    s = spend_by_instance([inst])[inst.pk]
+    assert s.seconds == {"created": 4 * 3600, "running": 3 * 3600, "stopped": 3600}
+    assert s.usd == pytest.approx(4 * 0.05 + 3 * 1.0 + 1 * 0.05)

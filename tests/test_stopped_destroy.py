@@ -77,3 +77,24 @@ def test_a_rejection_stands():
         second = run_cycle("heartbeat", planner=RulesPlanner())
     assert not [c for c in calls(second) if c[0] == "destroy_instance"]
     assert not Approval.objects.filter(status="waiting").exists()
+
+
+def test_work_that_arrives_while_the_destroy_waits_for_approval_refuses_it_and_the_instance_is_resumed():
+    from fleet import demand as demand_mod
+    from fleet.demand.scenario import ScenarioDemandSource
+
+    fleet = [entry("v-1", status="stopped", live=False)]
+    with scenario_world(fleet, IDLE, age_min=30 * 60, objectives={"target_proofs_hr": 100}) as provider:
+        run = run_cycle("heartbeat", planner=RulesPlanner())
+        approval = Approval.objects.get(run=run, tool="destroy_instance", status="waiting")
+        demand_mod.set_override(ScenarioDemandSource(QUEUED, fleet))  # 3 tasks queued while it waits
+
+        again = run_cycle("heartbeat", planner=RulesPlanner())
+        assert ("resume_instance", "v-1", "executed") in calls(again)  # the waiting destroy does not hold it back
+
+        do_decide(approval, "approve", "user:alice")  # an operator approves the day-old proposal
+        run = resume_run(run, planner=RulesPlanner())
+    assert ("destroy_instance", {"external_id": "v-1"}) not in provider.calls
+    assert Instance.objects.get(external_id="v-1").killed_at is None
+    step = run.steps.get(kind="call", tool="destroy_instance", outcome__in=("refused", "approved_executed", "error"))
+    assert step.outcome == "refused" and step.reason_code == "demand_guard", (step.outcome, step.reason_code, step.detail)

@@ -180,3 +180,24 @@ def test_the_agent_searches_offers_with_vasts_filters_and_a_provider_without_the
             search_offers(None, {"min_cuda": 12.0})
     finally:
         set_override(None)
+
+
+def test_a_create_that_times_out_after_vast_made_the_instance_is_found_by_label_never_launched_twice(world, alice,
+                                                                                                   settings):
+    queue(3)
+    settings.VAST = {**settings.VAST, "TIMEOUT_S": 0.5}
+    world.slow_s = 1.5
+    world.fault("create", "slow")  # vast makes the instance; its answer comes after we gave up
+
+    run, planner, approval = cycle_parks(
+        {"tool": "launch_instance", "args": {"gpu_name": "RTX 4090", "launch_priority": "P1", "reason": "3 queued"}},
+    )
+    do_decide(approval, "approve", "user:alice", user=alice)
+    run = resume_run(run, planner=planner)
+
+    assert world.count("PUT", "/api/v0/asks/") == 1  # never re-sent blind
+    [made] = world.instances.values()
+    [inst] = Instance.objects.filter(provider="vastai", killed_at__isnull=True)
+    assert inst.external_id == str(made["id"]) and inst.label == made["label"]
+    step = run.steps.get(kind="call", tool="launch_instance", outcome__in=("error", "executed", "approved_executed"))
+    assert step.reason_code in ("outcome_unknown", "") and str(made["id"]) in (step.detail + step.observation)

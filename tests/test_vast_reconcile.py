@@ -161,3 +161,21 @@ def test_an_instance_destroyed_as_terminal_leaves_its_machine_out_of_offers(flee
     failed = FailedMachine.objects.get(provider="vastai", machine_id="701")
     assert failed.reason.startswith("terminal: stuck loading")
     assert "701" not in [o["machine_id"] for o in VastProvider().search_offers()]
+
+
+def test_our_own_launch_under_a_custom_label_prefix_is_not_an_orphan(fleet, settings):
+    from agent.models import SideEffect
+
+    settings.WARDEN = {**settings.WARDEN, "ORPHANS": "destroy"}
+    settings.VAST = {**settings.VAST, "LABEL_PREFIX": "acme-"}
+    label = "warden-" + "9" * 40  # agent.claims.launch_label; vast carries it as acme-warden-…
+    SideEffect.objects.create(key="9" * 40, tool="launch_instance", args={}, status="claimed", label=label,
+                              claimed_at=timezone.now(), actor="agent", worker="test")
+    fleet.add(VastProvider().vast_label(label), start_date=HOUR_AGO)
+    heartbeat("acme-" + label)
+
+    monitor_tick()
+
+    assert len(fleet.instances) == 1
+    assert Instance.objects.get(provider="vastai").label.startswith("acme-warden-")
+    assert not AuditLog.objects.filter(verb="destroy_instance").exists()

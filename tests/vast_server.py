@@ -18,9 +18,11 @@ Routes (answers as vast gives them):
 Every request needs ``Authorization: Bearer <key>`` (else 401 ``auth_error``). :meth:`VastServer.fault`
 queues an answer for the next requests to a route: ``"429"`` (plain text ``API requests too
 frequent``), ``"empty"`` (200, no body), ``"html"`` (200, a Cloudflare-like page), ``"malformed"``
-(200, JSON without ``instances``), ``"410"`` (the deprecated answer), ``"new_contract_error"``
-(create: the instance is made, stopped, and the answer is a 400 error naming it), ``"500"``, ``"echo_key"`` (502 echoing the Authorization header); route
-``list_next`` faults only the pages after the first.
+(200, JSON without ``instances``), ``"blank"`` (200, a well-formed page listing nothing), ``"410"`` (the deprecated answer), ``"new_contract_error"``
+(create: the instance is made, stopped, and the answer is a 400 error naming it), ``"slow"`` (create: the
+instance is made, the answer sent after ``slow_s`` seconds), ``"500"``, ``"echo_key"`` (502 echoing the Authorization header), ``"echo_key_late"`` (the bare key 170 characters in); route
+``list_next`` faults only the pages after the first (and also takes ``"repeat"``: page one again
+under a fresh token, a server paging in circles).
 ``requests`` records ``(method, path, query string, headers)`` of every request.
 """
 
@@ -78,6 +80,7 @@ class VastServer:
         self.faults: dict[str, list[str]] = {}
         self.requests: list[tuple[str, str, str, dict]] = []
         self.searches: list[dict] = []
+        self.slow_s = 2.0  # how late a "slow" answer comes
         self.ssh = ("127.0.0.1", 22)
         self.boot_status = "running"
         self._next_id = 30_000_001
@@ -152,7 +155,7 @@ def _handler(server: VastServer):
             if not queue:
                 return False
             answer = queue.pop(0)
-            if answer == "new_contract_error":
+            if answer in ("new_contract_error", "slow"):
                 queue.insert(0, answer)  # handled by create itself
                 return False
             if answer == "429":
@@ -163,10 +166,14 @@ def _handler(server: VastServer):
                 self._send(200, HTML, "text/html; charset=utf-8")
             elif answer == "malformed":
                 self._send(200, {"success": True, "total": 3})
+            elif answer == "blank":  # a well-formed page that lists nothing, whatever exists (a lagging replica)
+                self._send(200, {"instances": [], "instances_found": 0, "next_token": None})
             elif answer == "410":
                 self._deprecated()
             elif answer == "echo_key":  # a broken proxy that echoes the request's Authorization header
                 self._send(502, f"bad gateway; request had {self.headers.get('Authorization')}", "text/plain")
+            elif answer == "echo_key_late":  # the same, 170 characters into the body (where a snippet is cut)
+                self._send(502, "x" * 163 + f"header={self.headers.get('Authorization', '')[7:]}", "text/plain")
             elif answer == "500":
                 self._send(500, {"success": False, "error": "server_error", "msg": "internal"})
             else:
@@ -239,12 +246,16 @@ def _handler(server: VastServer):
                 for op, val in cond.items():
                     rows = [r for r in rows if _OPS[op](r.get(col), val)]
             after = q.get("after_token")
+            queue = server.faults.get("list_next") or []
+            if after and queue and queue[0] == "repeat":  # page one again, under a token never sent before
+                queue.pop(0)
+                return self._send(200, {"instances": rows[:limit], "next_token": f"tok-0.{len(server.requests)}"})
             if after and self._fault("list_next"):
                 return None
             if after:
                 if not after.startswith("tok-"):
                     return self._send(400, {"success": False, "error": "invalid_args", "msg": "bad after_token"})
-                rows = [r for r in rows if r["id"] > int(after[4:])]
+                rows = [r for r in rows if r["id"] > int(after[4:].split(".")[0])]
             page = rows[:limit]
             more = len(rows) > limit
             labels = {}
@@ -285,6 +296,9 @@ def _handler(server: VastServer):
             server.instances[iid] = row
             server.offers.remove(offer)
             queue = server.faults.get("create") or []
+            if queue and queue[0] == "slow":  # made, then answered too late: the client has given up
+                queue.pop(0)
+                time.sleep(server.slow_s)
             if queue and queue[0] == "new_contract_error":
                 queue.pop(0)
                 row.update(actual_status="stopped", intended_status="stopped", cur_state="stopped", next_state="stopped",

@@ -365,6 +365,19 @@ class WithOwnedHosts(Provider):
                     raise
         return self.primary.launch(gpu_name=gpu_name, offer_id=offer_id, label=label)
 
+    def show(self, external_id: str) -> ProviderInstance:
+        """The primary's view of one instance (what confirms a rented instance gone before it is
+        marked vanished: ``fleet.sync``); an owned host, or a primary without ``show``, answers
+        ProviderError ``not_found`` when its list omits it (its list is its truth)."""
+        p = self._for(external_id)
+        if p is not self.owned and hasattr(p, "show"):
+            try:
+                return p.show(external_id)
+            except ProviderError as exc:
+                if exc.code != "invalid_id":  # not the primary's id: a host gone from the hosts file
+                    raise
+        raise ProviderError(f"{external_id} is not listed by {p.name}", kind="permanent", code="not_found")
+
     def _for(self, external_id: str) -> Provider:
         return self.owned if external_id in {h.name for h in self.owned.hosts()} else self.primary
 

@@ -33,6 +33,7 @@ Facts: ``reference/vastai.md`` (statuses §2.4, rate limits §2.5, labels, creat
 """
 
 import json
+import math
 import re
 import threading
 import time
@@ -99,7 +100,8 @@ def map_status(row: dict, label_prefix: str = "") -> tuple[str, str, str, dict]:
     - an unfamiliar status → ``created`` (pending; SkyPilot's default), named in the message.
     """
     raw = row.get("actual_status")
-    raw = raw.strip().lower() if isinstance(raw, str) else raw
+    # a non-string status (a number, a list, an object) is unfamiliar, never a crash
+    raw = raw.strip().lower() if isinstance(raw, str) else (None if raw is None else str(raw)[:40])
     intended = str(row.get("intended_status") or "running").strip().lower()
     msg = str(row.get("status_msg") or "").strip()
     cls = status_class(msg)
@@ -152,20 +154,26 @@ def storage_dph(row: dict) -> float:
 def to_instance(row: dict) -> ProviderInstance:
     """A vast instance row (v1 list or v0 show) as a :class:`ProviderInstance`.
 
-    Raises ProviderError ``malformed`` when the row has no integer ``id``.
+    Raises ProviderError ``malformed`` when the row has no integer ``id``, or a ``dph_total`` that
+    is NaN, infinite or negative (a price no cap could be checked against).
     """
     if not isinstance(row, dict) or not isinstance(row.get("id"), int) or isinstance(row.get("id"), bool):
-        raise ProviderError(f"vast: an instance row without an integer id: {redact(str(row)[:200])}",
+        raise ProviderError(f"vast: an instance row without an integer id: {redact(str(row))[:200]}",
                             kind="semantic", code="malformed")
     status, intended, msg, facts = map_status(row)
     try:
         ssh_port = int(row["ssh_port"]) if row.get("ssh_port") not in (None, "") else None
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
+        ssh_port = None
+    if ssh_port is not None and not 0 < ssh_port < 65536:  # not a port (and past the column's range)
         ssh_port = None
     try:
         dph = float(row.get("dph_total") or 0.0)
     except (TypeError, ValueError):
         dph = 0.0
+    if not math.isfinite(dph) or dph < 0:  # NaN compares false with every cap: the budget guard would never see it
+        raise ProviderError(f"vast: instance {row['id']} has a bad dph_total {redact(str(row.get('dph_total')))[:40]!r} "
+                            "(not a finite price ≥ 0)", kind="semantic", code="malformed")
     label = str(row.get("label") or "").strip()
     return ProviderInstance(
         storage_dph=storage_dph(row),
@@ -260,7 +268,7 @@ def _body_json(resp: requests.Response):
 
 def _snippet(resp: requests.Response) -> str:
     text = (resp.text or "").strip().replace("\n", " ")
-    return redact(text[:200]) or "(empty body)"
+    return redact(text)[:200] or "(empty body)"
 
 
 def http_error(what: str, resp: requests.Response) -> ProviderError:
@@ -413,8 +421,10 @@ class VastProvider(Provider):
 
     # --- reads -------------------------------------------------------------------------------
     def _pages(self, select_filters: dict) -> list[dict]:
-        """Every row of ``GET /api/v1/instances/`` for ``select_filters``, every page."""
-        rows, token, seen = [], None, set()
+        """Every row of ``GET /api/v1/instances/`` for ``select_filters``, every page. Raises
+        ProviderError ``malformed`` for a bad or repeated ``next_token``, a page repeating an
+        instance of an earlier one, or more than :data:`MAX_PAGES` pages."""
+        rows, token, seen, seen_ids = [], None, set(), set()
         for _ in range(MAX_PAGES):
             params = {"select_filters": select_filters, "order_by": [{"col": "id", "dir": "asc"}], "limit": PAGE_LIMIT}
             if token:
@@ -430,6 +440,11 @@ class VastProvider(Provider):
             if not isinstance(body.get("instances"), list):
                 raise ProviderError(f"vast list: the answer has no 'instances' list (keys: {sorted(body)[:8]})",
                                     kind="semantic", code="malformed")
+            ids = [r["id"] for r in body["instances"] if isinstance(r, dict) and isinstance(r.get("id"), int)]
+            if seen_ids.intersection(ids):  # keyset pages never overlap: a server paging in circles
+                raise ProviderError(f"vast list: page {len(seen) + 2} repeats instances of an earlier page",
+                                    kind="semantic", code="malformed")
+            seen_ids.update(ids)
             rows.extend(body["instances"])
             token = body.get("next_token")
             if not token:
@@ -474,8 +489,9 @@ class VastProvider(Provider):
         try:
             return int(str(external_id))
         except ValueError:
-            raise ProviderError(f"vast: {str(external_id)[:40]!r} is not a vast instance id", kind="permanent",
-                                code="not_found") from None
+            # not "not_found": destroy counts that as done, and nothing was sent (an owned host's name routed here)
+            raise ProviderError(f"vast: {redact(str(external_id))[:40]!r} is not a vast instance id", kind="permanent",
+                                code="invalid_id") from None
 
     def offer_query(self, *, gpu_name: str = "", max_dph: float | None = None, min_gpu_ram_gb: float | None = None,
                     min_reliability: float | None = None, min_cuda: float | None = None,
@@ -579,7 +595,7 @@ class VastProvider(Provider):
         if not isinstance(contract, int) or isinstance(contract, bool):
             if isinstance(body, dict) and body.get("success") is False:
                 self._ok("create", body)
-            raise ProviderError(f"vast create: the answer names no new_contract: {redact(str(body)[:200])}",
+            raise ProviderError(f"vast create: the answer names no new_contract: {redact(str(body))[:200]}",
                                 kind="semantic", code="malformed")
         note = ""
         if body.get("success") is not True:
