@@ -189,6 +189,17 @@ def diagnose_fanout(instances, *, workers: dict | None = None, timeout_s: float 
     return [found[pk] for pk in pks if pk in found]
 
 
+def _worker_of(inst):
+    """``inst``'s worker as the demand source sees it now (``WorkerView``: heartbeat live or stale),
+    or ``None`` when the source does not know it or cannot be read. The agent's diagnoses get it from
+    the cycle's observation; an operator's "Diagnose now" reads it here, so a live worker with no
+    SSH evidence is not judged "no heartbeat known" (nor a stale one healthy)."""
+    from fleet.demand import read_demand
+
+    reading = read_demand([inst])
+    return (getattr(reading, "workers", None) or {}).get(inst.worker_name or inst.external_id)
+
+
 def do_diagnose(inst, *, actor: str):
     """An operator's "Diagnose now": diagnose ``inst``, write the audit row with the verdict, and
     announce ``fleet-changed``. Returns the ``Diagnosis``. Raises ``ValueError`` for a killed
@@ -198,7 +209,7 @@ def do_diagnose(inst, *, actor: str):
 
     if inst.killed_at is not None:
         raise ValueError(f"{inst.external_id} is gone ({inst.kill_reason or 'killed'}); nothing to diagnose")
-    d = diagnose_instance(inst)
+    d = diagnose_instance(inst, worker=_worker_of(inst))
     do_audit(actor, "diagnose", inst.external_id, "operator asked for a diagnosis", None,
              {"health": d.health, "class": d.fault_class or "none", "cause": d.cause, "source": d.source, "judge": d.judge})
     emit("fleet-changed")

@@ -161,6 +161,10 @@ def resume_run(run: Run, *, planner=None) -> Run:
             return run
         run.status = "running"
         run.save(update_fields=["status"])
+        # the planner continues on this fresh observation: record it, so the run page shows what
+        # the resumed turns saw and the entailment check finds the numbers its answer cites
+        tc.new_step(kind="observe", actor="system", text="observation at resume",
+                    observation=redact(_json(world.summary())))
         emit("runs-changed", "approvals-changed")
         tc.turn_index = tc.breakers.turns
         _drive(tc, planner or default_planner(run))

@@ -16,9 +16,12 @@
   var currentId = null, currentIndex = -1;
 
   function items() {
-    return Array.prototype.filter.call(document.querySelectorAll(ITEMS), function (el) {
+    var all = Array.prototype.filter.call(document.querySelectorAll(ITEMS), function (el) {
       return el.offsetParent !== null; // visible only
     });
+    // approval cards first, whatever their place in the page (the dashboard's inbox follows its fleet table)
+    var cards = all.filter(function (el) { return el.matches("article.approval"); });
+    return cards.concat(all.filter(function (el) { return cards.indexOf(el) < 0; }));
   }
   function keyOf(el) { return el.id || null; }
   function mark(list, i) {

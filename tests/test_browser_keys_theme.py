@@ -89,6 +89,31 @@ class TestKeysAndTheme(FleetBrowserTestCase):
         assert (Approval.objects.get(pk=second.pk).status, Approval.objects.get(pk=second.pk).comment) == (
             "rejected", "P2 can wait")
 
+    def test_j_starts_on_the_dashboards_approval_cards_though_the_fleet_table_comes_first(self):
+        from playwright.sync_api import sync_playwright
+
+        from fleet.clock import clock
+        from fleet.models import Instance
+
+        Instance.objects.create(provider="local", external_id="local-9", status="stopped", intended_status="stopped",
+                                worker_name="local-9", status_since=clock.now(), created_at=clock.now())
+        first, second = self.park_two_launches()
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+            try:
+                page = self.log_in(browser, "/", [])
+                page.wait_for_selector('#live-pill[data-state="live"]', timeout=15_000)
+                assert page.locator("main table.grid tbody tr").count() >= 1  # rows precede the inbox in the page
+                cards = page.locator("article.approval")
+                ids = [cards.nth(i).get_attribute("id") for i in range(2)]
+                for card_id in ids:
+                    page.keyboard.press("j")
+                    assert page.evaluate("document.querySelector('.key-current').id") == card_id
+                page.keyboard.press("j")  # then the table rows
+                assert page.evaluate("document.querySelector('.key-current').tagName") == "TR"
+            finally:
+                browser.close()
+
     def test_the_theme_follows_the_system_or_the_choice_remembered_in_this_browser(self):
         from playwright.sync_api import sync_playwright
 

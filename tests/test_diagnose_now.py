@@ -57,3 +57,17 @@ def test_a_killed_instance_is_not_diagnosed(client, operator):
 
         assert resp.status_code == 409 and b"gone" in resp.content
         assert not Diagnosis.objects.exists()
+
+
+NO_EVIDENCE = {"reachable": True, "commands": {}}  # every command answers rc 127 (the local demo's case)
+
+
+@pytest.mark.parametrize("live, health, fault_class", [(True, "healthy", ""), (False, "degraded", "app")])
+def test_diagnose_now_weighs_the_workers_heartbeat_as_the_agents_diagnosis_does(client, operator, live, health,
+                                                                              fault_class):
+    # found in the demo: a worker heartbeating on a local instance was "degraded: no evidence … and no
+    # worker heartbeat is known" by Diagnose now, a minute after the agent had diagnosed it healthy
+    with scenario_world([entry("v-1", live=live, ssh=NO_EVIDENCE)], IDLE):
+        client.post("/instances/v-1/diagnose/")
+    d = Diagnosis.objects.get(instance__external_id="v-1")
+    assert (d.health, d.fault_class or "") == (health, fault_class), d.cause
