@@ -1,5 +1,6 @@
-"""The rules planner's sizing: a cordoned worker is not capacity, and a measured proof time a few
-milliseconds over the configured one does not ask for one more worker."""
+"""The rules planner's sizing: a cordoned worker is not capacity, an exited instance is not capacity
+while its last heartbeat is still in the window, and a measured proof time a few milliseconds over
+the configured one does not ask for one more worker."""
 
 import pytest
 
@@ -57,3 +58,22 @@ def test_a_measured_proof_time_is_rounded_with_a_little_slack(proof_s, want):
     with scenario_world([], {**QUEUED, "workers_expected": 0, "workers_live": 0, "proof_s": proof_s},
                         objectives={"target_proofs_hr": 360, "max_instances": 6}):
         assert sizing(world()).desired == want
+
+
+def test_an_exited_worker_is_not_capacity_while_its_last_heartbeat_is_still_fresh():
+    """A killed demo worker (exit -9): the run its death triggers launches the replacement at once,
+    not a heartbeat later when the worker's last heartbeat has gone stale."""
+    fleet = [entry("v-1"), entry("v-2", status="exited")]  # v-2's worker still reads live (heartbeat in window)
+    with scenario_world(fleet, {**QUEUED, "workers_expected": 2, "workers_live": 2},
+                        objectives={"target_proofs_hr": 360, "max_instances": 6}):
+        size = sizing(world())
+    assert [i.external_id for i in size.active] == ["v-1"] and size.launches == 1
+
+
+def test_a_live_worker_whose_provider_reads_offline_is_still_capacity():
+    """The other side (SCENARIOS.md): an offline or unknown provider status with a live worker is capacity."""
+    fleet = [entry("v-1"), entry("v-2", status="offline")]
+    with scenario_world(fleet, {**QUEUED, "workers_expected": 2, "workers_live": 2},
+                        objectives={"target_proofs_hr": 360, "max_instances": 6}):
+        size = sizing(world())
+    assert sorted(i.external_id for i in size.active) == ["v-1", "v-2"] and size.launches == 0

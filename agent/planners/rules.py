@@ -82,7 +82,8 @@ def per_worker_rate(demand) -> float:
 def sizing(world) -> Sizing:
     """Rule 1 on ``world``: with work queued (queued + backlog), keep
     ``min(cap, work, max(1, ceil(target / per-worker rate)))`` instances. Capacity counts running
-    and pending instances (and any whose worker is live, whatever the provider says) that are not terminal, not being destroyed (``destroy_unconfirmed`` is
+    and pending instances (and any whose worker is live, whatever the provider says — except ``exited``: the
+    provider saw its process end, and a heartbeat still in its window is the last one) that are not terminal, not being destroyed (``destroy_unconfirmed`` is
     neither capacity nor forgotten), not starving (SCENARIOS.md "starvation") and not cordoned
     (draining). ``target / rate`` is rounded up after ignoring ``SIZING_SLACK`` of a worker. Also the
     dispatch-time check of a parked launch or resume (``no_longer_needed``)."""
@@ -94,7 +95,8 @@ def sizing(world) -> Sizing:
     active = [
         i for i in world.instances
         if i.killed_at is None and i not in terminal and i.destroy_requested_at is None
-        and (i.status == "running" or i.status in PENDING_STATUSES or worker_live(i, world)) and not starving(i, world)
+        and (i.status == "running" or i.status in PENDING_STATUSES or (worker_live(i, world) and i.status != "exited"))
+        and not starving(i, world)
         and not draining(i, world)
     ]
     work = (d.queued or 0) + (getattr(d, "backlog", 0) or 0) if d.state == "ok" else 0
