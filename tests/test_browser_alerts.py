@@ -35,6 +35,9 @@ class TestAlertsInABrowser(FleetBrowserTestCase):
             browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
             try:
                 page = self.log_in(browser, "/alerts/", frames)
+                # connected and resynced first: a resync answered after a decision would redraw the old table
+                page.wait_for_selector('#live-pill[data-state="live"]', timeout=15_000)
+                page.wait_for_load_state("networkidle")
                 page.evaluate("window.__noReload = 'still here'")
                 assert page.inner_text("#chip-firing .n") == "5"
 
