@@ -35,7 +35,7 @@ from fleet.providers.local import child_env
 from tests import fleet_support
 from tests.fleet_support import FLEET_DB, wait_for
 
-pytestmark = FLEET_DB
+pytestmark = [FLEET_DB, pytest.mark.slow]  # real processes: `make test-slow`
 local_fleet = fleet_support.local_fleet
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,7 +81,10 @@ class Worker:
 
 
 @pytest.fixture
-def worker_env(local_fleet):
+def worker_env(local_fleet, settings):
+    # these tests are about one approved call surviving a killed worker: no event-triggered run
+    # (agent.triggers) may take the worker or the provider meanwhile (tests/test_triggers.py has those)
+    settings.WARDEN = {**settings.WARDEN, "EVENT_TRIGGERS": False}
     if not CELERY.exists() or not (ROOT / "console" / "celery.py").exists():
         pytest.skip("the Celery app (console/celery.py) or .venv/bin/celery is missing")
     redis.Redis.from_url(settings.REDIS_URL).flushdb()  # this session's own Redis db: no stale tasks
@@ -93,6 +96,7 @@ def worker_env(local_fleet):
         "WARDEN_RUN_LOCK_TTL_S": str(LOCK_TTL_S),
         "WARDEN_CELERY_VISIBILITY_TIMEOUT_S": str(VISIBILITY_S),
         "WARDEN_STARTUP_GRACE_S": "0",
+        "WARDEN_EVENT_TRIGGERS": "0",
         "WARDEN_CELERY_QUEUE": settings.CELERY_TASK_DEFAULT_QUEUE,  # the queue this session sends to
     }
     return env

@@ -12,7 +12,7 @@ from django_celery_beat.models import PeriodicTask
 from console.management.commands.bootstrap import stop_embedded_redis
 from tests.subprocs import free_port, manage, test_db_env
 
-pytestmark = pytest.mark.django_db(transaction=True, databases="__all__")
+pytestmark = [pytest.mark.django_db(transaction=True, databases="__all__"), pytest.mark.slow]  # real processes: `make test-slow`
 
 
 def bootstrap(tmp_path, *args, drop=(), **env):

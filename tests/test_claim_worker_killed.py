@@ -27,7 +27,7 @@ from tests import fleet_support
 from tests.fleet_support import FLEET_DB, wait_for
 from tests.test_approval_restart import VISIBILITY_S, Worker, launched, park_a_launch, worker_env  # noqa: F401
 
-pytestmark = FLEET_DB
+pytestmark = [FLEET_DB, pytest.mark.slow]  # real processes: `make test-slow`
 local_fleet = fleet_support.local_fleet
 
 

@@ -7,6 +7,8 @@ Real demo worker processes on the ``local`` provider, the real harmony tables on
 import signal
 import time
 
+import pytest
+
 from agent.actions import do_cordon, do_instance_action, do_launch_instance
 from agent.models import AuditLog, SessionState
 from agent.observe import observe
@@ -16,7 +18,7 @@ from fleet.harmony import HarmonyMachine, HarmonyTask
 from tests import fleet_support
 from tests.fleet_support import FLEET_DB, machine_of, wait_for
 
-pytestmark = FLEET_DB
+pytestmark = [FLEET_DB, pytest.mark.slow]  # real processes: `make test-slow`
 local_fleet = fleet_support.local_fleet
 
 

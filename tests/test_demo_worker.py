@@ -2,6 +2,7 @@
 
 import time
 
+import pytest
 from django.utils import timezone
 
 from fleet import demo
@@ -9,7 +10,7 @@ from fleet.harmony import HarmonyTask, HarmonyTaskHistory
 from tests import fleet_support
 from tests.fleet_support import FLEET_DB, machine_of, wait_for
 
-pytestmark = FLEET_DB
+pytestmark = [FLEET_DB, pytest.mark.slow]  # real processes: `make test-slow`
 local_fleet = fleet_support.local_fleet
 
 
