@@ -7,6 +7,7 @@ from django.urls import reverse
 TOKEN = "dmd_" + "Zq7" * 14
 DB_PASSWORD = "hunter-" + "Kp2" * 8
 URL_SECRET = "qs" + "Vb9" * 10
+PATH_SECRET = "ph" + "7fA2" * 8  # a token in the endpoint's path (webhook style)
 CMD_SECRET = "cmdsecret" + "Mn4" * 8
 
 
@@ -38,7 +39,7 @@ key_file = "{tmp_path / 'missing_key'}"
     monkeypatch.setenv("DEMAND_TOKEN_FOR_PAGE", TOKEN)
     monkeypatch.setenv("HARMONY_DATABASE_URL", f"postgres://reader:{DB_PASSWORD}@db.example.test:5433/yugabyte")
     settings.WARDEN = {**settings.WARDEN, "DEMAND_SOURCE": "http", "DEMAND_TOKEN_ENV": "DEMAND_TOKEN_FOR_PAGE",
-                       "DEMAND_URL": f"https://ops:{DB_PASSWORD}@demand.example.test/v1/demand?key={URL_SECRET}"}
+                       "DEMAND_URL": f"https://ops:{DB_PASSWORD}@demand.example.test/v1/{PATH_SECRET}/demand?key={URL_SECRET}"}
     return {"key": key, "hosts": hosts}
 
 
@@ -52,9 +53,9 @@ def test_it_names_every_reference_and_shows_no_secret(client, alice, configured,
     assert "rig-1" in page and "10.0.0.11:22" in page and "10.0.0.12:2222" in page
     assert str(configured["key"]) in page and "cannot be read" in page  # rig-2's key file is missing
     assert "WARDEN_DEMAND_SOURCE=http" in page
-    assert "https://demand.example.test/v1/demand" in page
+    assert "https://demand.example.test/…" in page  # the path may carry a token: not shown
     assert "DEMAND_TOKEN_FOR_PAGE" in page
-    for secret in (TOKEN, DB_PASSWORD, URL_SECRET, CMD_SECRET, "BEGIN OPENSSH", "b3BlbnNzaC1rZXktdjEAAAA"):
+    for secret in (TOKEN, DB_PASSWORD, URL_SECRET, PATH_SECRET, CMD_SECRET, "BEGIN OPENSSH", "b3BlbnNzaC1rZXktdjEAAAA"):
         assert secret not in page, secret
 
     settings.WARDEN = {**settings.WARDEN, "DEMAND_SOURCE": "curio"}

@@ -84,8 +84,9 @@ def reset_session(request: HtmxHttpRequest) -> HttpResponse:
 
 
 # --- providers and demand sources (read-only: configured by environment) ------------------------
-def _where(url: str) -> str:
-    """``url`` without credentials, query or fragment (``scheme://host:port/path``); "" if unset."""
+def _where(url: str, *, path: bool = True) -> str:
+    """``url`` without credentials, query or fragment (``scheme://host:port/path``); "" if unset.
+    ``path=False`` leaves the path out too (an HTTP endpoint's path may carry a token)."""
     from urllib.parse import urlsplit
 
     if not url:
@@ -96,7 +97,8 @@ def _where(url: str) -> str:
         port = f":{p.port}" if p.port else ""
     except ValueError:
         return "(not a valid URL)"
-    return f"{p.scheme}://{host}{port}{p.path}" if p.scheme else "(not a valid URL)"
+    shown = p.path if path else ("/…" if p.path.strip("/") else "")
+    return f"{p.scheme}://{host}{port}{shown}" if p.scheme else "(not a valid URL)"
 
 
 def _env_ref(name: str) -> dict:
@@ -151,7 +153,7 @@ def sources_context() -> dict:
         "demand_source": w["DEMAND_SOURCE"],
         "harmony": {"setting": "HARMONY_DATABASE_URL", "set": bool(os.environ.get("HARMONY_DATABASE_URL")),
                     "where": _where(os.environ.get("HARMONY_DATABASE_URL", ""))},
-        "http": {"setting": "WARDEN_DEMAND_URL", "set": bool(w.get("DEMAND_URL")), "where": _where(w.get("DEMAND_URL", "")),
+        "http": {"setting": "WARDEN_DEMAND_URL", "set": bool(w.get("DEMAND_URL")), "where": _where(w.get("DEMAND_URL", ""), path=False),
                  "timeout_s": w.get("DEMAND_TIMEOUT_S"), "token": token},
     }
 
