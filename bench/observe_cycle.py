@@ -29,6 +29,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench.stack import DbTimer  # noqa: E402
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
 os.environ.setdefault("WARDEN_LOG_LEVEL", "WARNING")
 
@@ -75,20 +77,6 @@ def _reset_db() -> None:
     state.save()
 
 
-class _DbTimer:
-    """``connection.execute_wrapper`` that sums the time spent inside database calls."""
-
-    def __init__(self):
-        self.seconds = 0.0
-
-    def __call__(self, execute, sql, params, many, context):
-        t0 = time.perf_counter()
-        try:
-            return execute(sql, params, many, context)
-        finally:
-            self.seconds += time.perf_counter() - t0
-
-
 def _cycle(count_queries=False):
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
@@ -99,7 +87,7 @@ def _cycle(count_queries=False):
         with CaptureQueriesContext(connection) as q:
             run = run_cycle("bench", planner=NoTurns())
         return run, q.captured_queries
-    timer = _DbTimer()
+    timer = DbTimer()
     with connection.execute_wrapper(timer):
         t0 = time.perf_counter()
         run = run_cycle("bench", planner=NoTurns())

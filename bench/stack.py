@@ -66,6 +66,20 @@ def destroy_local_instances():
     return provider
 
 
+class DbTimer:
+    """``connection.execute_wrapper`` (Django) that sums the time spent inside database calls."""
+
+    def __init__(self):
+        self.seconds = 0.0
+
+    def __call__(self, execute, sql, params, many, context):
+        t0 = time.perf_counter()
+        try:
+            return execute(sql, params, many, context)
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+
 def _pg_bin(name: str) -> str:
     found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))
     if not found:

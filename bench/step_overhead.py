@@ -36,6 +36,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench.stack import DbTimer  # noqa: E402
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
 os.environ.setdefault("WARDEN_LOG_LEVEL", "WARNING")
 
@@ -87,20 +89,6 @@ def _limits_for(n: int):
     state.save()
 
 
-class _DbTimer:
-    """``connection.execute_wrapper`` that sums the time spent inside database calls."""
-
-    def __init__(self):
-        self.seconds = 0.0
-
-    def __call__(self, execute, sql, params, many, context):
-        t0 = time.perf_counter()
-        try:
-            return execute(sql, params, many, context)
-        finally:
-            self.seconds += time.perf_counter() - t0
-
-
 def _warden_cycle(n: int, *, count_queries=False) -> tuple[float, int, float]:
     """One run of ``n`` no-op steps; (seconds, queries or -1, seconds inside the database)."""
     from django.db import connection
@@ -117,7 +105,7 @@ def _warden_cycle(n: int, *, count_queries=False) -> tuple[float, int, float]:
             run = run_cycle("bench", planner=planner)
         assert run is not None and run.status == "done", (run and run.status, run and run.halt_reason)
         return 0.0, len(q.captured_queries), 0.0
-    timer = _DbTimer()
+    timer = DbTimer()
     with connection.execute_wrapper(timer):
         t0 = time.perf_counter()
         run = run_cycle("bench", planner=planner)
