@@ -140,10 +140,10 @@ FANOUT_CHUNK = 8
 
 
 def fanout_enabled() -> bool:
-    """WARDEN_DIAGNOSE_FANOUT (``1``/``true``): fan diagnoses out across Celery workers."""
-    import os
+    """WARDEN_DIAGNOSE_FANOUT (``settings.WARDEN["DIAGNOSE_FANOUT"]``): fan diagnoses out across Celery workers."""
+    from django.conf import settings
 
-    return os.environ.get("WARDEN_DIAGNOSE_FANOUT", "").lower() in ("1", "true", "yes")
+    return bool(settings.WARDEN.get("DIAGNOSE_FANOUT"))
 
 
 def _worker_dict(w) -> dict | None:

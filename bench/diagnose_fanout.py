@@ -50,6 +50,7 @@ def main(argv=None) -> int:
     import logging
 
     logging.getLogger("paramiko").setLevel(logging.CRITICAL)
+    from django.conf import settings
     from django.test.utils import setup_databases, teardown_databases
     from django.utils import timezone
 
@@ -87,8 +88,8 @@ def main(argv=None) -> int:
             s.profile("healthy_h200")
             endpoints += [(h, s.port) for h in [s.host, *s.extra_hosts]]
         silent = [SilentHost() for _ in range(args.silent)]
-        os.environ["WARDEN_SSH_USER"] = servers[0].user
-        os.environ["WARDEN_SSH_KEY_FILE"] = str(servers[0].key_file)
+        settings.WARDEN["SSH_USER"] = servers[0].user
+        settings.WARDEN["SSH_KEY_FILE"] = str(servers[0].key_file)
         set_override(Rented())
         now = timezone.now()
         endpoints += [(s.host, s.port) for s in silent]

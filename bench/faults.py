@@ -450,8 +450,9 @@ def restart_daphne(stack: Stack, row: Row, clients: int) -> None:
 def ssh_faults(rows: dict, reps: int) -> None:
     """Diagnose an instance whose SSH host refuses, hangs (accepts, never speaks) or is slow
     (a real sshd whose nvidia-smi takes 3 s). Recovered: a stored verdict; nothing acted on."""
-    import os
     import socket
+
+    from django.conf import settings
 
     from agent.models import SideEffect
     from fleet.diagnostics import diagnose
@@ -479,8 +480,8 @@ def ssh_faults(rows: dict, reps: int) -> None:
 
     tmp = Path(tempfile.mkdtemp(prefix="warden-bench-sshd-"))
     with SSHServer(tmp) as sshd:
-        os.environ["WARDEN_SSH_USER"] = sshd.user
-        os.environ["WARDEN_SSH_KEY_FILE"] = str(sshd.key_file)
+        settings.WARDEN["SSH_USER"] = sshd.user
+        settings.WARDEN["SSH_KEY_FILE"] = str(sshd.key_file)
         sshd.fake("nvidia-smi", HEALTHY_L, sleep_s=3)
         provider = Owned()
         set_override(provider)

@@ -309,6 +309,24 @@ WARDEN = {
     # marked vanished only once it is older than the grace (provider lag: autoscalers.md rule 8)
     "ORPHANS": envchoice("WARDEN_ORPHANS", "adopt", ("adopt", "destroy")),
     "VANISH_GRACE_MIN": envfloat("WARDEN_VANISH_GRACE_MIN", 10),
+    # the demo worker (fleet/worker.py): a machine silent this long is removed and its tasks
+    # requeued, seconds (Curio's LOOKS_DEAD_TIMEOUT, harmony/harmonytask/harmonytask.go)
+    "LOOKS_DEAD_S": envint("WARDEN_LOOKS_DEAD_S", 600, minimum=1),
+    # SSH: the user and key file (a path, read at use) diagnostics log in with, and the owned
+    # hosts' TOML file (fleet/providers/ssh.py; read at every use, so an edit counts next cycle)
+    "SSH_USER": os.environ.get("WARDEN_SSH_USER", "").strip() or "root",
+    "SSH_KEY_FILE": os.environ.get("WARDEN_SSH_KEY_FILE", "").strip(),
+    "SSH_HOSTS_FILE": os.environ.get("WARDEN_SSH_HOSTS_FILE", "").strip(),
+    # the worker's log file whose tail a diagnosis reads (an instance's own log_path wins; "":
+    # fleet.diagnostics.DEFAULT_WORKER_LOG)
+    "WORKER_LOG": os.environ.get("WARDEN_WORKER_LOG", "").strip(),
+    # several diagnoses of one turn go out as a Celery group across workers (agent/diagnosis.py)
+    "DIAGNOSE_FANOUT": envbool("WARDEN_DIAGNOSE_FANOUT", False),
+    # `manage.py bootstrap` (make run): the operator login it creates, and its password when set
+    "ADMIN_USER": os.environ.get("WARDEN_ADMIN_USER", "").strip() or "operator",
+    "ADMIN_PASSWORD": os.environ.get("WARDEN_ADMIN_PASSWORD") or "",
+    # set by `manage.py replay` for the child it runs on a throwaway database (agent/management/commands/replay.py)
+    "REPLAY_DB_DIR": os.environ.get("WARDEN_REPLAY_DB_DIR", ""),
 }
 
 # --- vast.ai (WARDEN_PROVIDER=vastai; fleet/providers/vastai.py) ------------------------------

@@ -135,9 +135,9 @@ def commands_for(instance=None) -> list[str]:
     """The collector's commands for ``instance``: :data:`COMMANDS` plus the tail of its worker's
     log (``instance.log_path``, else WARDEN_WORKER_LOG, else :data:`DEFAULT_WORKER_LOG`; the path
     is shell-quoted: it is provider data)."""
-    import os
+    from django.conf import settings
 
-    path = (getattr(instance, "log_path", "") or os.environ.get("WARDEN_WORKER_LOG") or DEFAULT_WORKER_LOG)
+    path = (getattr(instance, "log_path", "") or settings.WARDEN.get("WORKER_LOG") or DEFAULT_WORKER_LOG)
     return [*COMMANDS, f"tail -n {WORKER_LOG_LINES} {shlex.quote(path)}"]
 
 

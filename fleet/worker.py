@@ -39,8 +39,9 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-LOOKS_DEAD_S = int(os.environ.get("WARDEN_LOOKS_DEAD_S") or 600)  # Curio's LOOKS_DEAD_TIMEOUT (curio.md §3.3)
-CLEANUP_EVERY_S = min(60, LOOKS_DEAD_S)  # an idle worker also cleans up dead machines this often
+#: an idle worker also cleans up dead machines at least this often, seconds (more often when the
+#: looks-dead time, ``settings.WARDEN["LOOKS_DEAD_S"]`` from WARDEN_LOOKS_DEAD_S, is shorter)
+CLEANUP_EVERY_S = 60
 
 
 def _write_json(path: Path, data: dict) -> None:
@@ -94,8 +95,10 @@ def supervise(state: Path, worker_args: list[str]) -> int:
 class Worker:
     """One demo Curio node named ``name`` (its ``machine_name``)."""
 
-    def __init__(self, name: str, *, proof_seconds: float, heartbeat_s: float, task_names: list[str], cordoned: bool = False):
+    def __init__(self, name: str, *, proof_seconds: float, heartbeat_s: float, task_names: list[str], cordoned: bool = False,
+                 looks_dead_s: int = 600):
         self.name = name
+        self.looks_dead_s = looks_dead_s  # Curio's LOOKS_DEAD_TIMEOUT: a machine silent this long is dead
         self.cordoned = cordoned  # Warden's cordon: the node registers unschedulable
         self.proof_seconds = proof_seconds
         self.heartbeat_s = heartbeat_s
@@ -158,7 +161,7 @@ class Worker:
         return machine_id
 
     def cleanup_dead(self, now) -> int:
-        """Curio's CleanupMachines: delete machines silent past LOOKS_DEAD_S and requeue their tasks.
+        """Curio's CleanupMachines: delete machines silent past ``looks_dead_s`` and requeue their tasks.
 
         Curio runs it when a node registers; the demo worker also runs it while idle, so a task a
         killed worker owned is not stuck when no other worker starts. Returns machines removed.
@@ -166,7 +169,7 @@ class Worker:
         from fleet.harmony import HarmonyMachine, HarmonyMachineDetails, HarmonyTask
 
         dead = list(
-            HarmonyMachine.objects.filter(last_contact__lt=now - timedelta(seconds=LOOKS_DEAD_S))
+            HarmonyMachine.objects.filter(last_contact__lt=now - timedelta(seconds=self.looks_dead_s))
             .exclude(id=self.machine_id or 0)
             .values_list("id", flat=True)
         )
@@ -174,7 +177,7 @@ class Worker:
             HarmonyTask.objects.filter(owner_id__in=dead).update(owner=None, update_time=now)
             HarmonyMachineDetails.objects.filter(machine_id__in=dead).delete()
             HarmonyMachine.objects.filter(id__in=dead).delete()
-            self.log(f"cleaned up {len(dead)} machine(s) silent for {LOOKS_DEAD_S} s")
+            self.log(f"cleaned up {len(dead)} machine(s) silent for {self.looks_dead_s} s")
         return len(dead)
 
     def heartbeat_loop(self) -> None:
@@ -280,7 +283,7 @@ class Worker:
         while not self.stopping.is_set():
             task = self.claim() if self.schedulable() else None
             if task is None:
-                if time.monotonic() - last_cleanup > CLEANUP_EVERY_S:
+                if time.monotonic() - last_cleanup > min(CLEANUP_EVERY_S, self.looks_dead_s):
                     last_cleanup = time.monotonic()
                     try:
                         self.cleanup_dead(self._now())
@@ -332,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
         heartbeat_s=args.heartbeat if args.heartbeat is not None else warden["HEARTBEAT_S"],
         task_names=[t for t in (args.tasks.split(",") if args.tasks else warden["TASK_NAMES"]) if t],
         cordoned=args.cordoned,
+        looks_dead_s=warden["LOOKS_DEAD_S"],
     )
     from django.db import DatabaseError
 

@@ -7,6 +7,7 @@ instructions raises ``prompt_injection`` and changes nothing.
 import time
 
 import pytest
+from django.conf import settings
 from django.utils import timezone
 
 from fleet.diagnostics import GPU_ECC, GPU_QUERY, KERNEL_XID, commands_for, diagnose
@@ -48,8 +49,8 @@ def server(tmp_path_factory):
 
 @pytest.fixture
 def machine(server, monkeypatch):
-    monkeypatch.setenv("WARDEN_SSH_USER", server.user)
-    monkeypatch.setenv("WARDEN_SSH_KEY_FILE", str(server.key_file))
+    monkeypatch.setitem(settings.WARDEN, "SSH_USER", server.user)
+    monkeypatch.setitem(settings.WARDEN, "SSH_KEY_FILE", str(server.key_file))
     set_override(Rented())
     now = timezone.now()
     inst = Instance.objects.create(provider="rented", external_id="r-7", status="running", status_since=now,

@@ -10,6 +10,7 @@ import time
 
 import paramiko
 import pytest
+from django.conf import settings
 from django.utils import timezone
 
 from fleet.diagnostics import PROCESSES, diagnose
@@ -51,8 +52,8 @@ def wait_no_transports(timeout: float = 5.0) -> list:
 @pytest.fixture
 def rented(sshd, monkeypatch):
     """An instance of the rented provider reachable through the test sshd (as its key's user)."""
-    monkeypatch.setenv("WARDEN_SSH_USER", sshd.user)
-    monkeypatch.setenv("WARDEN_SSH_KEY_FILE", str(sshd.key_file))
+    monkeypatch.setitem(settings.WARDEN, "SSH_USER", sshd.user)
+    monkeypatch.setitem(settings.WARDEN, "SSH_KEY_FILE", str(sshd.key_file))
     now = timezone.now()
     inst = Instance.objects.create(
         provider="rented", external_id="r-1", status="running", status_since=now, created_at=now,
@@ -153,7 +154,7 @@ def test_ssh_refused_on_an_exited_instance_rests_on_the_provider_status(rented):
 def test_a_key_the_host_does_not_accept_is_unreachable_and_closes_the_transport(rented, sshd, tmp_path, monkeypatch):
     other = tmp_path / "other_key"
     paramiko.RSAKey.generate(2048).write_private_key_file(str(other))
-    monkeypatch.setenv("WARDEN_SSH_KEY_FILE", str(other))
+    monkeypatch.setitem(settings.WARDEN, "SSH_KEY_FILE", str(other))
 
     d = diagnose(rented)
 

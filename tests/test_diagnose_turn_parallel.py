@@ -38,8 +38,8 @@ def two_machines(tmp_path_factory, monkeypatch, settings):
         s.profile(profile)
         s.script("uptime", "sleep 1; echo ' 10:00:00 up 3 days'")  # every collection takes at least a second
         servers.append(s)
-    monkeypatch.setenv("WARDEN_SSH_USER", servers[0].user)
-    monkeypatch.setenv("WARDEN_SSH_KEY_FILE", str(servers[0].key_file))
+    monkeypatch.setitem(settings.WARDEN, "SSH_USER", servers[0].user)
+    monkeypatch.setitem(settings.WARDEN, "SSH_KEY_FILE", str(servers[0].key_file))
     settings.WARDEN = {**settings.WARDEN, "PROVIDER": "rented"}
     now = timezone.now()
     listed = []

@@ -7,10 +7,29 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 
 from tests.subprocs import BIN, ROOT, free_port, manage
+
+
+def test_every_warden_variable_is_read_in_console_settings_only():
+    """One place reads the environment's WARDEN_* settings (console/settings.py, where a bad value
+    is one line); code elsewhere reads ``settings.WARDEN``. Names passed on to a child process
+    (``env[...] = ``) or held as a reference are not reads."""
+    import re
+
+    read = re.compile(r"""(os\.environ\.get|os\.getenv|os\.environ\[)\(?\s*["']WARDEN_""")
+    offenders = []
+    for path in sorted(ROOT.glob("*/**/*.py")):
+        rel = path.relative_to(ROOT)
+        if rel.parts[0] not in ("agent", "fleet", "console") or rel == Path("console/settings.py"):
+            continue
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if read.search(line):
+                offenders.append(f"{rel}:{n}: {line.strip()}")
+    assert offenders == []
 
 
 @pytest.mark.parametrize(
@@ -38,6 +57,10 @@ from tests.subprocs import BIN, ROOT, free_port, manage
         ("WARDEN_VANISH_GRACE_MIN", "-1"),
         ("WARDEN_VAST_OFFER_TYPE", "spot"),
         ("WARDEN_VAST_MIN_INTERVAL_S", "nan"),
+        # read by the demo worker and the diagnosis fan-out, once outside settings (a traceback then)
+        ("WARDEN_LOOKS_DEAD_S", "abc"),
+        ("WARDEN_LOOKS_DEAD_S", "0"),
+        ("WARDEN_DIAGNOSE_FANOUT", "maybe"),
     ],
 )
 def test_malformed_setting_is_one_line_naming_it(setting, value, tmp_path):

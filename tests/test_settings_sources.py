@@ -35,7 +35,7 @@ host = "10.0.0.12"
 port = 2222
 key_file = "{tmp_path / 'missing_key'}"
 """)
-    monkeypatch.setenv("WARDEN_SSH_HOSTS_FILE", str(hosts))
+    monkeypatch.setitem(settings.WARDEN, "SSH_HOSTS_FILE", str(hosts))
     monkeypatch.setenv("DEMAND_TOKEN_FOR_PAGE", TOKEN)
     monkeypatch.setenv("HARMONY_DATABASE_URL", f"postgres://reader:{DB_PASSWORD}@db.example.test:5433/yugabyte")
     settings.WARDEN = {**settings.WARDEN, "DEMAND_SOURCE": "http", "DEMAND_TOKEN_ENV": "DEMAND_TOKEN_FOR_PAGE",

@@ -58,7 +58,7 @@ name = "rig-3"
 host = "127.0.0.1"
 port = {free_port()}
 """)
-    monkeypatch.setenv("WARDEN_SSH_HOSTS_FILE", str(path))
+    monkeypatch.setitem(settings.WARDEN, "SSH_HOSTS_FILE", str(path))
     return state
 
 

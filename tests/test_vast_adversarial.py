@@ -6,6 +6,7 @@ import time
 from datetime import timedelta
 
 import pytest
+from django.conf import settings
 from django.utils import timezone
 
 from fleet.models import Instance
@@ -153,7 +154,7 @@ def test_beside_owned_hosts_a_blank_vast_list_is_still_an_error(vast, tmp_path, 
 
     hosts = tmp_path / "hosts.toml"
     hosts.write_text("")  # owned hosts configured, none listed yet
-    monkeypatch.setenv("WARDEN_SSH_HOSTS_FILE", str(hosts))
+    monkeypatch.setitem(settings.WARDEN, "SSH_HOSTS_FILE", str(hosts))
     row = _row_for(vast.add("warden-beside", start_date=HOUR_AGO))
     retired = Instance.objects.create(provider="ssh", external_id="rig-9", status="running", status_since=timezone.now(),
                                       created_at=timezone.now() - timedelta(hours=1))  # gone from the hosts file

@@ -33,8 +33,8 @@ def world(vast, settings, monkeypatch, tmp_path_factory, alice):
     server = SSHServer(tmp_path_factory.mktemp("sshd"))
     server.start()
     server.fake("nvidia-smi", HEALTHY_L)
-    monkeypatch.setenv("WARDEN_SSH_USER", server.user)
-    monkeypatch.setenv("WARDEN_SSH_KEY_FILE", str(server.key_file))
+    monkeypatch.setitem(settings.WARDEN, "SSH_USER", server.user)
+    monkeypatch.setitem(settings.WARDEN, "SSH_KEY_FILE", str(server.key_file))
     vast.ssh = (server.host, server.port)
     clear_harmony()
     try:

@@ -7,6 +7,7 @@ import time
 from datetime import timedelta
 
 import pytest
+from django.conf import settings
 from django.utils import timezone
 
 from agent.models import AuditLog
@@ -140,8 +141,8 @@ def sshd_for_vast(fleet, monkeypatch, tmp_path_factory):
     server = SSHServer(tmp_path_factory.mktemp("sshd"))
     server.start()
     server.fake("nvidia-smi", HEALTHY_L)
-    monkeypatch.setenv("WARDEN_SSH_USER", server.user)
-    monkeypatch.setenv("WARDEN_SSH_KEY_FILE", str(server.key_file))
+    monkeypatch.setitem(settings.WARDEN, "SSH_USER", server.user)
+    monkeypatch.setitem(settings.WARDEN, "SSH_KEY_FILE", str(server.key_file))
     fleet.ssh = (server.host, server.port)
     try:
         yield server

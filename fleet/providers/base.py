@@ -120,13 +120,13 @@ class Provider:
         """
         if not instance.ssh_host:
             return None
-        import os
+        from django.conf import settings
 
         from fleet.ssh import SSHRunner
 
         return SSHRunner(
             instance.ssh_host,
             instance.ssh_port or 22,
-            user=os.environ.get("WARDEN_SSH_USER", "root"),
-            key_filename=os.environ.get("WARDEN_SSH_KEY_FILE") or None,
+            user=settings.WARDEN.get("SSH_USER") or "root",
+            key_filename=settings.WARDEN.get("SSH_KEY_FILE") or None,
         )

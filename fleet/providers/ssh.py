@@ -37,12 +37,12 @@ With another provider configured (``WARDEN_PROVIDER``, e.g. ``vastai``) and a ho
 fleet is both (:class:`WithOwnedHosts`): owned hosts first, the rented provider when none is free.
 """
 
-import os
 import shlex
 import tomllib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from django.conf import settings
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fleet.providers.base import Provider, ProviderError, ProviderInstance
@@ -85,7 +85,7 @@ class HostConfig(BaseModel):
 
 def hosts_file() -> str:
     """The configured hosts file path, or "" when owned hosts are not configured."""
-    return os.environ.get(HOSTS_FILE_ENV, "").strip()
+    return (settings.WARDEN.get("SSH_HOSTS_FILE") or "").strip()
 
 
 def load_hosts(path: str | None = None) -> list[HostConfig]:
@@ -150,8 +150,6 @@ def _with_env(host: HostConfig, command: str, label: str = "") -> str:
 
 
 def _intended_path(name: str) -> Path:
-    from django.conf import settings
-
     return Path(settings.VAR_DIR) / "ssh_hosts" / name
 
 
@@ -198,7 +196,7 @@ class SSHProvider(Provider):
 
     def runner(self, h: HostConfig) -> SSHRunner:
         """An :class:`SSHRunner` for ``h`` (one connect attempt: the next cycle is the retry)."""
-        key = h.key_file or os.environ.get("WARDEN_SSH_KEY_FILE") or None
+        key = h.key_file or settings.WARDEN.get("SSH_KEY_FILE") or None
         return SSHRunner(h.host, h.port, user=h.user, key_filename=key, timeout_s=h.timeout_s, connect_attempts=1)
 
     def _run(self, h: HostConfig, *commands: tuple[str, float]) -> list[tuple[int, str]]:
@@ -323,7 +321,7 @@ class SSHProvider(Provider):
             h = self.host(instance.external_id)
         except ProviderError:
             return super().command_runner(instance)
-        key = h.key_file or os.environ.get("WARDEN_SSH_KEY_FILE") or None
+        key = h.key_file or settings.WARDEN.get("SSH_KEY_FILE") or None
         return SSHRunner(h.host, h.port, user=h.user, key_filename=key, timeout_s=h.timeout_s)
 
 

@@ -43,7 +43,7 @@ class Command(BaseCommand):
         except ScenarioFileError as exc:
             self.stderr.write(f"replay: {exc}")
             raise SystemExit(2) from None
-        db_dir = os.environ.get(CHILD_ENV)
+        db_dir = settings.WARDEN.get("REPLAY_DB_DIR")
         if not db_dir:
             raise SystemExit(self._reexec(path, opts["json"]))
         raise SystemExit(self._replay(sc, raw, path, opts["json"], db_dir))

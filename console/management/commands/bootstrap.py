@@ -207,8 +207,8 @@ def ensure_operator() -> tuple[User, str | None, bool]:
     generated one for a new user. Returns ``(user, generated_password_or_None, created)``; the
     generated password is stored nowhere but in the user's hash.
     """
-    username = os.environ.get("WARDEN_ADMIN_USER") or "operator"
-    password = os.environ.get("WARDEN_ADMIN_PASSWORD") or ""
+    username = settings.WARDEN.get("ADMIN_USER") or "operator"
+    password = settings.WARDEN.get("ADMIN_PASSWORD") or ""
     operators, _ = Group.objects.get_or_create(name=OPERATORS_GROUP)
     Group.objects.get_or_create(name=VIEWERS_GROUP)
     user = User.objects.filter(username=username).first()
