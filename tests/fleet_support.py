@@ -34,6 +34,20 @@ def wait_for(predicate, timeout: float = 20.0, interval: float = 0.1, what: str 
         time.sleep(interval)
 
 
+def witness_proves(provider, task_ids: list[int], timeout: float = 40.0) -> str:
+    """Launch one more worker (the witness) and wait until every task of ``task_ids`` is proved.
+
+    The positive signal behind a "this worker claimed nothing" check: the tasks sat claimable in
+    the queue for the witness's whole start-up, so a worker that should not claim them had many
+    claim rounds to get it wrong. Returns the witness's ``host_and_port`` (``completed_by`` of
+    its proofs); fails the test after ``timeout`` seconds."""
+    witness = provider.launch()
+    machine = wait_for(lambda: machine_of(witness.worker_name), timeout=timeout, what="the witness to register")
+    wait_for(lambda: HarmonyTaskHistory.objects.filter(task_id__in=task_ids, result=True).count() == len(task_ids),
+             timeout=timeout, what=f"tasks {task_ids} to be proved")
+    return machine.host_and_port
+
+
 @pytest.fixture
 def local_fleet(settings, tmp_path):
     from fleet.providers.local import LocalProvider

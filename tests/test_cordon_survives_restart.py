@@ -5,7 +5,6 @@ Real demo worker processes on the ``local`` provider, the real harmony tables on
 """
 
 import signal
-import time
 
 import pytest
 
@@ -14,9 +13,9 @@ from agent.models import AuditLog, SessionState
 from agent.observe import observe
 from agent.policy import effective_limits, effective_policy
 from fleet import demo
-from fleet.harmony import HarmonyMachine, HarmonyTask
+from fleet.harmony import HarmonyMachine, HarmonyTask, HarmonyTaskHistory
 from tests import fleet_support
-from tests.fleet_support import FLEET_DB, machine_of, wait_for
+from tests.fleet_support import FLEET_DB, machine_of, wait_for, witness_proves
 
 pytestmark = [FLEET_DB, pytest.mark.slow]  # real processes: `make test-slow`
 local_fleet = fleet_support.local_fleet
@@ -38,11 +37,12 @@ def _cordoned_launch(local_fleet):
     return inst, first
 
 
-def _claims_nothing(inst, machine) -> None:
-    demo.enqueue(2)
-    time.sleep(3)  # several claim rounds of the demo worker (1 s heartbeat)
+def _claims_nothing(local_fleet, machine) -> None:
+    ids = demo.enqueue(2)
+    witness = witness_proves(local_fleet, ids)  # positive: claimable for the witness's start-up, then drained
     assert HarmonyMachine.objects.get(pk=machine.pk).unschedulable is True
-    assert HarmonyTask.objects.filter(owner__isnull=False).count() == 0
+    done_by = set(HarmonyTaskHistory.objects.filter(task_id__in=ids).values_list("completed_by_host_and_port", flat=True))
+    assert done_by == {witness}, f"the cordoned worker ({machine.host_and_port}) proved some of them"
 
 
 def test_a_cordoned_worker_stays_cordoned_after_a_reboot(local_fleet):
@@ -51,7 +51,7 @@ def test_a_cordoned_worker_stays_cordoned_after_a_reboot(local_fleet):
     do_instance_action(inst, "reboot", actor="user:alice", reason="wedged")
 
     again = wait_for(lambda: _registered_after(inst.worker_name, first.host_and_port), what="re-registration")
-    _claims_nothing(inst, again)
+    _claims_nothing(local_fleet, again)
 
 
 def test_a_cordoned_worker_stays_cordoned_after_a_crash_and_a_resume(local_fleet):
@@ -61,7 +61,7 @@ def test_a_cordoned_worker_stays_cordoned_after_a_crash_and_a_resume(local_fleet
     do_instance_action(inst, "resume", actor="user:alice", reason="bring it back")
 
     again = wait_for(lambda: _registered_after(inst.worker_name, first.host_and_port), what="re-registration")
-    _claims_nothing(inst, again)
+    _claims_nothing(local_fleet, again)
 
 
 def test_a_worker_that_re_registered_schedulable_is_cordoned_again_at_the_next_observe(local_fleet):

@@ -8,7 +8,7 @@ from django.utils import timezone
 from fleet import demo
 from fleet.harmony import HarmonyTask, HarmonyTaskHistory
 from tests import fleet_support
-from tests.fleet_support import FLEET_DB, machine_of, wait_for
+from tests.fleet_support import FLEET_DB, machine_of, wait_for, witness_proves
 
 pytestmark = [FLEET_DB, pytest.mark.slow]  # real processes: `make test-slow`
 local_fleet = fleet_support.local_fleet
@@ -77,18 +77,24 @@ def test_a_cordoned_worker_claims_nothing(local_fleet):
     machine = wait_for(lambda: machine_of(inst.worker_name), what="registration")
     type(machine).objects.filter(id=machine.id).update(unschedulable=True)
 
-    demo.enqueue(2)
-    time.sleep(3)
+    ids = demo.enqueue(2)
+    witness = witness_proves(local_fleet, ids)  # positive: the queue was claimable for seconds, then drained
 
-    assert HarmonyTask.objects.filter(owner__isnull=True).count() == 2
+    done_by = set(HarmonyTaskHistory.objects.filter(task_id__in=ids).values_list("completed_by_host_and_port", flat=True))
+    assert done_by == {witness}, f"the cordoned worker ({machine.host_and_port}) proved some of them"
 
 
 def test_it_ignores_tasks_that_are_not_its_own(local_fleet):
-    demo.enqueue(2, name="SDR")
-    local_fleet.launch()
-    time.sleep(3)
+    sdr = demo.enqueue(2, name="SDR")
+    inst = local_fleet.launch()
+    wait_for(lambda: machine_of(inst.worker_name), what="registration")
+    [porep] = demo.enqueue(1)  # posted after the SDR tasks: a worker taking any name would claim those first
 
-    assert HarmonyTask.objects.filter(name="SDR", owner__isnull=True).count() == 2
+    wait_for(lambda: HarmonyTaskHistory.objects.filter(task_id=porep, result=True).exists(), timeout=30,
+             what="its own PoRep task to be proved (it has polled the queue since the SDR tasks were posted)")
+
+    assert HarmonyTask.objects.filter(id__in=sdr, name="SDR", owner__isnull=True).count() == 2
+    assert not HarmonyTaskHistory.objects.filter(task_id__in=sdr).exists()
 
 
 def test_an_idle_worker_requeues_the_task_of_a_machine_that_died(local_fleet):
