@@ -9,6 +9,9 @@ BIN := $(CURDIR)/$(VENV)/bin
 TEST_DATABASE_URL := $(or $(DATABASE_URL),postgres://postgres@127.0.0.1:5432/warden)
 TEST_HARMONY_DATABASE_URL := $(or $(HARMONY_DATABASE_URL),postgres://postgres@127.0.0.1:5432/warden_harmony)
 TEST_REDIS_URL := $(or $(REDIS_URL),redis://127.0.0.1:6379/0)
+# `make test` runs on this many pytest-xdist processes; worker N uses the test databases
+# test_<name>_gwN and Redis db (REDIS_URL's db + N) (tests/conftest.py). TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 
 .PHONY: run test test-slow venv venv-dev bootstrap stop lint vendor
 
@@ -36,7 +39,7 @@ run: bootstrap
 
 test: venv-dev
 	DATABASE_URL="$(TEST_DATABASE_URL)" HARMONY_DATABASE_URL="$(TEST_HARMONY_DATABASE_URL)" REDIS_URL="$(TEST_REDIS_URL)" \
-		$(BIN)/pytest -m "not slow" $(PYTEST_ARGS)
+		$(BIN)/pytest -m "not slow" -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 # The tests marked slow (browsers, real worker processes, many hosts): CI runs them after `make test`.
 test-slow: venv-dev

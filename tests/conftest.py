@@ -16,6 +16,35 @@ hypothesis_settings.register_profile("explore", deadline=None, max_examples=1000
 hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "warden"))
 
 
+def _redis_per_xdist_worker() -> None:
+    """Under pytest-xdist (``make test`` runs ``-n``), worker ``gwN`` uses Redis db ``base + N``
+    (mod 16) of the same server, so the tests that read the broker queue, the trigger keys or
+    beat's tick never see another worker's. The test databases get their ``_gwN`` suffix from
+    pytest-django itself. Settings are already loaded when this file is imported (pytest-django
+    loads them first), so the Redis settings are rewritten here, and ``REDIS_URL`` in the
+    environment too for the processes the tests start."""
+    from urllib.parse import urlsplit
+
+    from django.conf import settings
+
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw") or worker == "gw0" or settings.REDIS_EMBEDDED:
+        return
+    parts = urlsplit(settings.REDIS_URL)
+    base = int(parts.path.strip("/") or 0)
+    url = parts._replace(path=f"/{(base + int(worker[2:])) % 16}").geturl()
+    settings.REDIS_URL = settings.CELERY_BROKER_URL = os.environ["REDIS_URL"] = url
+    for layer in settings.CHANNEL_LAYERS.values():
+        for host in layer.get("CONFIG", {}).get("hosts", []):
+            host["address"] = url
+    from console.celery import app
+
+    app.conf.broker_url = url
+
+
+_redis_per_xdist_worker()
+
+
 @pytest.fixture(scope="session")
 def django_db_setup(django_db_setup, django_db_blocker):
     """After pytest-django builds the test databases, create the HarmonyDB tables on ``harmony``."""
