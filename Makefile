@@ -49,8 +49,10 @@ test-slow: venv-dev
 stop: venv
 	$(BIN)/python manage.py bootstrap --stop-workers --stop-redis
 
+# ruff, and import-linter's contracts (pyproject.toml [tool.importlinter]): console > agent > fleet
 lint: venv-dev
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 
 # The browser libraries, pinned in package.json/package-lock.json, copied from the npm registry's
 # packages into the tree (committed: nothing is fetched at run time or from a CDN). Needs npm.

@@ -81,12 +81,11 @@ class Command(BaseCommand):
             if not name.startswith(db_dir):
                 self.stderr.write(f"replay: refusing to run: database {alias!r} is {name}, not a throwaway file")
                 return 3
-        try:
-            from console.celery import app
+        # the project's Celery app (console/celery.py, loaded with the settings), without importing
+        # the console layer from the agent's: nothing in the replay may reach a real broker
+        from celery import current_app
 
-            app.conf.broker_url = "memory://"
-        except ImportError:  # pragma: no cover - the celery app is optional here
-            pass
+        current_app.conf.broker_url = "memory://"
         call_command("migrate", verbosity=0, interactive=False)
         try:
             report = run_scenario(sc, raw, path=path)
