@@ -2,6 +2,8 @@
 and the page shows each diagnosis with its verdict, the lines that support it and all that was
 collected. Viewers cannot (tests/test_action_urls_by_role.py)."""
 
+import re
+
 import pytest
 
 from agent.models import AuditLog
@@ -35,7 +37,10 @@ def test_diagnose_now_stores_an_audited_diagnosis_and_the_page_shows_its_evidenc
         assert row.actor == "user:alice" and row.target == "v-1" and row.after["class"] == "host"
         page = client.get("/instances/v-1/").content.decode()
         assert "GPU lost" in page and "GPU is lost" in page  # the cause and the line that supports it
-        assert "rules" in page and "all collected" in page
+        row = re.search(rf'<tr id="diagnosis-{d.pk}">(.*?)</tr>', page, re.S)
+        assert row, page
+        cells = re.findall(r"<td[^>]*>(.*?)</td>", row.group(1), re.S)
+        assert cells[4].startswith("rules") and "all collected" in row.group(1), cells  # the judge's own cell
 
 
 def test_htmx_gets_the_instance_region_back_with_the_verdict(client, operator):
