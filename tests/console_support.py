@@ -3,6 +3,7 @@
 import base64
 import contextlib
 import json
+import re
 
 import redis
 from django.conf import settings
@@ -23,6 +24,19 @@ def purge_broker() -> None:
     client = broker()
     for key in client.keys(queue_name() + "*"):
         client.delete(key)
+
+
+def tasks_done(text: str, task: str) -> set[str]:
+    """Ids of the Celery ``task`` (its name) that a worker log shows finished (succeeded or raised)."""
+    return set(re.findall(rf"Task {re.escape(task)}\[([0-9a-f-]+)\] (?:succeeded|raised)", text))
+
+
+def broker_idle() -> bool:
+    """Nothing waits in this session's queue and nothing is delivered and unacknowledged (kombu's
+    ``unacked`` hash): no task is left that could still act. The positive signal before a check
+    that something did *not* happen."""
+    r = broker()
+    return r.llen(queue_name()) == 0 and r.hlen("unacked") == 0
 
 
 def broker_messages() -> list[dict]:

@@ -33,6 +33,7 @@ from agent.tasks import start_resume
 from fleet.models import Instance
 from fleet.providers.local import child_env
 from tests import fleet_support
+from tests.console_support import broker_idle, tasks_done
 from tests.fleet_support import FLEET_DB, wait_for
 
 pytestmark = [FLEET_DB, pytest.mark.slow]  # real processes: `make test-slow`
@@ -169,7 +170,7 @@ def test_a_waiting_approval_survives_a_restart_of_every_process(workers, local_f
     w2 = workers("second")
 
     expire_approvals()
-    time.sleep(1)
+    wait_for(broker_idle, timeout=30, what="the broker to hold no task that could act on the approval")
     approval.refresh_from_db()
     assert approval.status == "waiting"
     assert approval.run.status == "parked"
@@ -212,7 +213,9 @@ def test_a_worker_killed_between_the_approval_and_the_execution_executes_the_cal
     wait_for(lambda: Approval.objects.get(pk=approval.pk).status == "executed", timeout=90,
              what="the approved call to execute after the restart (the broker must deliver the killed worker's "
                   "unacked task again: console/settings.py has to honour WARDEN_CELERY_VISIBILITY_TIMEOUT_S)")
-    time.sleep(2)  # nothing runs it a second time
+    # nothing runs it a second time: every resume task delivered has finished and none is left
+    wait_for(lambda: broker_idle() and tasks_done(Path(w.log).read_text(errors="replace"), "agent.tasks.resume"),
+             timeout=60, what="the redelivered resume task to finish and the broker to be empty")
 
     approval.refresh_from_db()
     step = approval.step

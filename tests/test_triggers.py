@@ -4,7 +4,6 @@ constraint as its second net), every event accounted for by exactly one run, and
 names the trigger and the events coalesced into it. With real Celery workers and Redis."""
 
 import threading
-import time
 from collections import Counter
 
 import pytest
@@ -15,6 +14,7 @@ from agent.models import Run
 from agent.runs import RunBusy, claim_run
 from fleet.clock import clock
 from tests import fleet_support
+from tests.console_support import broker_idle, tasks_done
 from tests.fleet_support import FLEET_DB, wait_for
 from tests.test_approval_restart import Worker, worker_env  # noqa: F401
 
@@ -65,7 +65,12 @@ def test_fifty_concurrent_triggers_run_one_at_a_time_and_each_is_accounted_for(
 
         log = "\n".join(w.text() for w in workers)
         wait_for(settled, timeout=90, what=f"every event to be taken by a finished run; worker logs:\n{log}")
-        time.sleep(1.5)  # past both windows: a follow-up that fires now finds nothing and starts no run
+        # every cycle the burst scheduled (a lead and at most one follow-up per priority) has run to
+        # its end: a follow-up that finds nothing must have started no run, which is checked below
+        scheduled = sum(n for (_, edge), n in edges.items() if edge in ("lead", "follow"))
+        wait_for(lambda: broker_idle() and sum(len(tasks_done(w.text(), "agent.tasks.triggered_cycle"))
+                                               for w in workers) >= scheduled,
+                 timeout=60, what=f"the {scheduled} scheduled triggered cycles to finish")
     finally:
         for w in workers:
             w.kill()
