@@ -1,5 +1,7 @@
-"""``/healthz``: JSON state of database, harmony, Redis, Celery worker and beat; 200 all up, 503 naming what is down."""
+"""``/healthz``: JSON state of database, harmony, Redis, Celery worker and beat; 200 all up, 503 naming what is down.
+Anonymous callers get the status and the names only; the details are for signed-in users."""
 
+import json
 import os
 import subprocess
 import time
@@ -20,6 +22,30 @@ DB = pytest.mark.django_db(databases=["default", "harmony"])
 
 def fresh_tick(settings, age_s: float = 0) -> None:
     redis.Redis.from_url(settings.REDIS_URL).set(BEAT_KEY, int(time.time() - age_s))
+
+
+@pytest.fixture
+def client(client, alice):
+    """A signed-in operator: the details of every check are for signed-in users."""
+    client.force_login(alice)
+    return client
+
+
+@DB
+def test_anonymous_callers_get_the_status_and_names_only(settings):
+    from django.test import Client
+
+    fresh_tick(settings)
+    Run.objects.create(number=4, trigger="beat", planner="rules", status="done", started_at=timezone.now())
+    resp = Client().get("/healthz")
+    body = resp.json()
+    # no Celery worker listens on this test Redis db: 503 naming it, and nothing else
+    assert resp.status_code == 503
+    assert body == {"status": "down", "up": ["database", "harmony", "redis", "beat"], "down": ["celery"]}
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"
+    body = Client().get("/healthz").json()
+    assert set(body) == {"status", "up", "down"} and {"redis", "celery", "beat"} <= set(body["down"])
+    assert "127.0.0.1:1" not in json.dumps(body)  # no error text, no address
 
 
 @DB
