@@ -50,7 +50,7 @@ class TestConsoleUnderItsCsp(FleetBrowserTestCase):
                 context = browser.new_context()
                 context.add_init_script(RECORD)
                 page = context.new_page()
-                page.on("console", lambda m: errors.append(f"{page.url}: {m.text}")
+                page.on("console", lambda m: errors.append(f"{m.location.get('url')}:{m.location.get('lineNumber')}: {m.text}")
                         if m.type == "error" and "Content Security Policy" in m.text else None)
                 page.on("pageerror", lambda e: errors.append(f"{page.url}: {e}"))
                 page.goto(self.live_server_url + "/login/")
