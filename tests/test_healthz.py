@@ -131,3 +131,18 @@ def test_it_is_200_when_a_real_worker_answers(client, settings):
     finally:
         worker.terminate()
         worker.wait(timeout=20)
+
+
+def test_supervised_processes_are_named_down_unless_running(tmp_path):
+    from console.health import check_processes, supervised_processes
+
+    infos = [{"name": "web", "group": "warden", "statename": "RUNNING", "description": "pid 10, uptime 0:01:00"},
+             {"name": "worker", "group": "warden", "statename": "STARTING", "description": ""},
+             {"name": "beat", "group": "warden", "statename": "FATAL", "description": "Exited too quickly"}]
+    checks = check_processes(infos)
+    assert {n: c["up"] for n, c in checks.items()} == {"process:web": True, "process:worker": False, "process:beat": False}
+    assert checks["process:worker"]["detail"].startswith("STARTING: restarting")
+    assert "supervisorctl -c supervisord.conf start warden:beat" in checks["process:beat"]["detail"]
+    # not under supervisor (no socket, another scheme): no process checks at all
+    assert supervised_processes(f"unix://{tmp_path}/no.sock") is None and supervised_processes("") is None
+    assert supervised_processes("http://127.0.0.1:9001") is None and check_processes(None) == {}
