@@ -143,6 +143,26 @@ def test_a_killed_beat_is_restarted_while_the_console_keeps_serving(make_run):
     assert make_run.processes()["web"]["pid"] == web_pid
 
 
+def test_the_login_lockout_holds_under_daphne(make_run):
+    """The throttle on the real ASGI path (daphne runs axes' middleware async): the right password
+    after too many wrong ones is refused with the login page's lockout line."""
+    import httpx
+    from django.conf import settings
+
+    def attempt(password: str) -> httpx.Response:
+        with httpx.Client(base_url=make_run.url, timeout=10) as client:
+            client.get("/login/")
+            return client.post("/login/", data={"username": "operator", "password": password,
+                                                "csrfmiddlewaretoken": client.cookies["csrftoken"]},
+                               headers={"Referer": f"{make_run.url}/login/"})
+
+    codes = [attempt(f"wrong-{i}").status_code for i in range(settings.AXES_FAILURE_LIMIT)]
+    assert codes[-1] == 429 and set(codes[:-1]) == {200}, codes
+    resp = attempt(make_run.env["WARDEN_ADMIN_PASSWORD"])
+    assert resp.status_code == 429 and "sessionid" not in resp.cookies
+    assert 'id="login-locked"' in resp.text and "even with the right password" in resp.text
+
+
 def test_ctrl_c_stops_every_process(make_run):
     pids = [p["pid"] for p in make_run.processes().values()]
     assert len(pids) == 3 and all(pids)
