@@ -34,8 +34,14 @@ venv-dev: $(VENV)/.installed-dev
 bootstrap: venv
 	$(BIN)/python manage.py bootstrap
 
+# `make run`: supervisor (supervisord.conf) runs daphne, the worker and beat; a process that dies is
+# restarted while the others keep serving; Ctrl-C (or SIGTERM) stops all three (docs/deploy.md).
+RUN_VAR_DIR = $(abspath $(or $(WARDEN_VAR_DIR),var))
+
 run: bootstrap
-	PATH="$(BIN):$$PATH" $(BIN)/honcho start
+	mkdir -p "$(RUN_VAR_DIR)/supervisor"
+	PATH="$(BIN):$$PATH" WARDEN_VAR_DIR="$(RUN_VAR_DIR)" WARDEN_PORT="$(or $(WARDEN_PORT),8000)" \
+		WARDEN_CELERY_QUEUE="$(or $(WARDEN_CELERY_QUEUE),warden)" exec $(BIN)/supervisord -c supervisord.conf
 
 test: venv-dev
 	DATABASE_URL="$(TEST_DATABASE_URL)" HARMONY_DATABASE_URL="$(TEST_HARMONY_DATABASE_URL)" REDIS_URL="$(TEST_REDIS_URL)" \

@@ -28,7 +28,9 @@ restart with websocket clients connected (they reconnect, resync over HTTP and g
 pushed topic); SSH hosts that refuse, hang or are slow (a real sshd on loopback, ``tests/sshd.py``);
 provider 429/410/500/empty/HTML on a launch (the stand-in cloud of ``tests/rented_cloud.py``,
 as the suite does providers — Warden has no HTTP provider client yet). Model timeout/429/truncated
-JSON: the ``llm`` planner against a local OpenAI-compatible stand-in.
+JSON: the ``llm`` planner against a local OpenAI-compatible stand-in. A process death under
+``make run`` (``--only makerun``): daphne, the worker and beat under supervisor as ``make run``
+starts them, each SIGKILLed in turn; the console keeps answering and the dead one is back within 30 s.
 
 Usage::
 
@@ -628,8 +630,96 @@ def model_faults(rows: dict, reps: int) -> None:
     state.save()
 
 
+# --- a process death under make run (supervisor) ----------------------------------------------------
+MAKE_RUN_BACK_S = 30  # the dead process must be RUNNING again (and /healthz 200) within this
+MAKE_RUN_ROWS = [
+    ("make run: worker SIGKILL", f"console answered throughout; worker back (new pid, /healthz 200) ≤ {MAKE_RUN_BACK_S} s"),
+    ("make run: beat SIGKILL", f"console answered throughout; beat back (new pid, /healthz 200) ≤ {MAKE_RUN_BACK_S} s"),
+    ("make run: web SIGKILL", f"daphne back (new pid, /healthz 200) ≤ {MAKE_RUN_BACK_S} s; worker and beat untouched"),
+]
+
+
+def make_run_faults(stack: Stack, rows: dict, reps: int) -> None:
+    """The stack's three processes run as ``make run`` runs them — ``supervisord -c supervisord.conf``
+    with the stack's servers — and each in turn (worker, beat, daphne) is SIGKILLed. Recovered: the
+    same program RUNNING again with a new pid and /healthz 200 within :data:`MAKE_RUN_BACK_S`; for the
+    worker and beat, the console (``/login/``) answered every request meanwhile. A repetition where
+    it did not is a failed one, with a note. The stack's own processes are stopped for this and
+    started again after."""
+    import os
+
+    import httpx
+
+    from bench.stack import BIN, ROOT, Proc
+    from console.health import supervised_processes
+
+    for proc in (stack.worker, stack.daphne, stack.beat):
+        if proc is not None:
+            proc.stop()
+    port = free_port()
+    (stack.var / "supervisor").mkdir(parents=True, exist_ok=True)
+    env = {**stack.env, "WARDEN_PORT": str(port), "WARDEN_VAR_DIR": str(stack.var),
+           "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    sup = Proc("supervisord", [str(BIN / "supervisord"), "-c", str(ROOT / "supervisord.conf")], env,
+               stack.logs / "supervisord.log").start()
+    sock, url = f"unix://{stack.var}/supervisor/supervisor.sock", f"http://127.0.0.1:{port}"
+
+    def healthz() -> int:
+        return httpx.get(f"{url}/healthz", timeout=3).status_code
+
+    def programs() -> dict:
+        return {p["name"]: p for p in supervised_processes(sock) or []}
+
+    try:
+        if not wait_until(lambda: healthz() == 200, 180, interval=0.5):
+            for name, _ in MAKE_RUN_ROWS:
+                rows[name].failed += 1
+                rows[name].notes.append(f"{name}: supervisor's stack never answered /healthz 200 (see {sup.log})")
+            return
+        for _rep in range(reps):
+            for name in ("worker", "beat", "web"):
+                row = rows[f"make run: {name} SIGKILL"]
+                before = programs()[name]
+                others = {n: p["pid"] for n, p in programs().items() if n != name}
+                since = now()
+                sampler = ParallelSampler(since)
+                sampler.start()
+                os.kill(before["pid"], signal.SIGKILL)
+                t0 = time.monotonic()
+                unanswered, back = 0, False
+                while time.monotonic() - t0 < MAKE_RUN_BACK_S:
+                    if name != "web":
+                        try:
+                            unanswered += httpx.get(f"{url}/login/", timeout=3).status_code != 200
+                        except httpx.HTTPError:
+                            unanswered += 1
+                    info = programs().get(name, {})
+                    if info.get("statename") == "RUNNING" and info.get("pid") not in (None, before["pid"]):
+                        try:
+                            back = healthz() == 200
+                        except httpx.HTTPError:
+                            back = False
+                        if back:
+                            break
+                    time.sleep(0.3)
+                if unanswered:
+                    row.notes.append(f"{row.fault}: the console did not answer {unanswered} request(s) meanwhile")
+                if not back:
+                    row.notes.append(f"{row.fault}: not back within {MAKE_RUN_BACK_S} s: {programs().get(name)}")
+                moved = {n for n, pid in others.items() if programs().get(n, {}).get("pid") != pid}
+                if moved:
+                    row.notes.append(f"{row.fault}: {', '.join(sorted(moved))} restarted too")
+                _finish(row, back and not unanswered and not moved, t0, sampler)
+    finally:
+        sup.stop(signal.SIGTERM)  # supervisord stops its programs (stopwaitsecs, then SIGKILL)
+        stack.start_worker()
+        stack.start_daphne()
+        stack.start_beat()
+
+
 # --- main --------------------------------------------------------------------------------------
 FAULTS = ["worker", "redis", "postgres", "daphne", "ssh", "provider", "model"]
+FAULTS.append("makerun")  # make_run_faults: a process death under make run
 
 
 def main(argv=None) -> int:
@@ -660,6 +750,7 @@ def main(argv=None) -> int:
         ("model 429", "run ended, one launch (the 429 retried)"),
         ("model truncated JSON", "run ended, one launch (invalid_args seen, call corrected)"),
     ]}
+    rows.update({name: Row(name, when) for name, when in MAKE_RUN_ROWS})
     with Stack(keep=args.keep, extra_env={"WARDEN_DWELL_MIN": "0", "WARDEN_HOLD_OFF_MIN": "0",
                                           "WARDEN_TARGET_PROOFS_HR": "60"}) as stack:
         from django.contrib.auth.models import User
@@ -696,6 +787,8 @@ def main(argv=None) -> int:
             if "daphne" in args.only:
                 attempt(rows["daphne restart"], restart_daphne, stack, rows["daphne restart"], args.clients)
             print(f"bench: repetition {rep + 1} of {args.reps} done", file=sys.stderr)
+        if "makerun" in args.only:
+            attempt(rows["make run: worker SIGKILL"], make_run_faults, stack, rows, args.reps)
         clean_fleet()  # the in-process faults below start from an empty fleet and queue
         if "ssh" in args.only:
             attempt(rows["ssh refuses"], ssh_faults, rows, args.reps)

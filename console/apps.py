@@ -8,7 +8,7 @@ class ConsoleConfig(AppConfig):
     def ready(self) -> None:
         from django.contrib.auth.signals import user_logged_out
 
-        from console import broadcast
+        from console import auth, broadcast  # noqa: F401 — auth: the login_lockout alert's receiver
         from fleet.events import changed, streamed
 
         changed.connect(broadcast.on_changed, dispatch_uid="console.broadcast")

@@ -1,7 +1,7 @@
 """Warden's Celery app: broker and beat scheduler come from Django settings (``CELERY_*``).
 
 Workers start with ``celery -A console worker -Q warden`` and beat with ``celery -A console beat``
-(see the Procfile). Tasks are discovered from each installed app's ``tasks`` module
+(see supervisord.conf and docs/deploy.md). Tasks are discovered from each installed app's ``tasks`` module
 (``agent.tasks``, ``fleet.tasks``, ``console.tasks``). The broker connection is lazy: importing
 this module never touches Redis.
 """

@@ -11,12 +11,21 @@ Checks (each ``{"up": bool, "detail": str}``):
   up for less than that and holding no tick (restarted without its data) is not held against
   beat: ``bench/faults.py`` showed /healthz 503 for up to 30 s after every Redis restart.
 
+* ``process:NAME`` — only under ``make run`` (supervisor sets ``SUPERVISOR_SERVER_URL`` in the
+  processes it starts): one check per supervised program (``web``, ``worker``, ``beat``), up while
+  supervisor reports it ``RUNNING``. A process that died and is being restarted (``STARTING``,
+  ``BACKOFF``) or that supervisor gave up on (``FATAL``) is named down meanwhile.
+
 Also reported, not judged: the last run (number, status, started_at) and the newest demand
 sample (state, age in seconds). Status 200 when every check is up, else 503 with ``down`` naming
 the failed checks.
 """
 
+import http.client
+import os
+import socket
 import time
+import xmlrpc.client
 
 import redis
 from django.conf import settings
@@ -124,6 +133,62 @@ def check_beat(client: redis.Redis, redis_up: bool) -> dict:
     return _up(f"last tick {age:.0f} s ago")
 
 
+SUPERVISOR_TIMEOUT_S = 1.0
+
+
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    """HTTP over supervisor's unix socket (``unix:///path``), giving up after a timeout."""
+
+    def __init__(self, path: str, timeout: float):
+        super().__init__("localhost", timeout=timeout)
+        self.path_ = path
+
+    def connect(self):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        sock.connect(self.path_)
+        self.sock = sock
+
+
+class _UnixTransport(xmlrpc.client.Transport):
+    def __init__(self, path: str, timeout: float):
+        super().__init__()
+        self.path_, self.timeout = path, timeout
+
+    def make_connection(self, host):
+        return _UnixHTTPConnection(self.path_, self.timeout)
+
+
+def supervised_processes(url: str | None = None, timeout: float = SUPERVISOR_TIMEOUT_S) -> list[dict] | None:
+    """The processes supervisor runs, as its XML-RPC ``getAllProcessInfo`` lists them (dicts with
+    ``name``, ``group``, ``statename``, ``pid``, ``description``), or None when this process was not
+    started by supervisor (no ``SUPERVISOR_SERVER_URL``: pytest, systemd) or supervisor does not
+    answer within ``timeout`` seconds. Only ``unix://`` server URLs (supervisord.conf) are read."""
+    url = url if url is not None else os.environ.get("SUPERVISOR_SERVER_URL", "")
+    if not url.startswith("unix://"):
+        return None
+    proxy = xmlrpc.client.ServerProxy("http://localhost", transport=_UnixTransport(url[len("unix://"):], timeout))
+    try:
+        return list(proxy.supervisor.getAllProcessInfo())
+    except (OSError, xmlrpc.client.Error, http.client.HTTPException):
+        return None
+
+
+def check_processes(infos: list[dict] | None) -> dict[str, dict]:
+    """``{"process:NAME": check}`` for each supervised process (none when ``infos`` is None)."""
+    checks: dict[str, dict] = {}
+    for info in infos or []:
+        state, desc = info.get("statename", "UNKNOWN"), info.get("description", "")
+        if state == "RUNNING":
+            checks[f"process:{info['name']}"] = _up(desc)
+        else:
+            what = {"STARTING": "restarting", "BACKOFF": "exited too quickly; retrying with back-off",
+                    "FATAL": "supervisor gave up after repeated failures; see the make run output, then "
+                             f"`supervisorctl -c supervisord.conf start {info.get('group', 'warden')}:{info['name']}`"}
+            checks[f"process:{info['name']}"] = _down(f"{state}: {what.get(state, desc or 'not running')}")
+    return checks
+
+
 def last_run() -> dict | None:
     from agent.models import Run
 
@@ -150,6 +215,7 @@ def report() -> tuple[dict, int]:
     redis_up = checks["redis"]["up"]
     checks["celery"] = check_celery(redis_up)
     checks["beat"] = check_beat(client, redis_up)
+    checks.update(check_processes(supervised_processes()))
     try:
         client.close()
     except Exception:

@@ -7,6 +7,7 @@ Bad values stop the process with one line that names the setting and what to do
 import os
 import re
 import secrets
+from datetime import timedelta
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -108,6 +109,8 @@ INSTALLED_APPS = [
     "django_htmx",
     "django_celery_beat",
     "channels",
+    "axes",
+    "csp",
     "fleet",
     "agent",
     "console",
@@ -122,6 +125,9 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "csp.middleware.CSPMiddleware",
+    # last: turns a sign-in refused for a lockout into the login page's lockout answer (console.auth)
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "console.urls"
@@ -245,6 +251,49 @@ STATICFILES_DIRS = [BASE_DIR / "static"]
 TIME_ZONE = "UTC"
 USE_TZ = True
 LANGUAGE_CODE = "en-us"
+
+# --- web security (docs/security.md) -----------------------------------------------------------
+# Login throttling (django-axes; console.auth): after LOGIN_FAILURE_LIMIT failed sign-ins for one
+# username, or from one address, that username / address is refused for LOGIN_LOCKOUT_MIN minutes
+# (even with the right password) and a ``login_lockout`` alert is raised.
+AUTHENTICATION_BACKENDS = ["console.auth.ThrottleBackend", "django.contrib.auth.backends.ModelBackend"]
+AXES_FAILURE_LIMIT = envint("WARDEN_LOGIN_FAILURE_LIMIT", 5, minimum=1)
+AXES_COOLOFF_TIME = timedelta(minutes=envfloat("WARDEN_LOGIN_LOCKOUT_MIN", 15, minimum=0.1))
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]  # each on its own: per user, and per address
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_CALLABLE = "console.auth.lockout_response"
+AXES_HTTP_RESPONSE_CODE = 429
+AXES_VERBOSE = False  # console.auth logs the lockout once, without the typed username
+
+# TLS: behind a TLS proxy, mark the cookies Secure and send HSTS. SecurityMiddleware sends HSTS only
+# on a request it sees as https: WARDEN_TLS_PROXY trusts the proxy's X-Forwarded-Proto: https
+# (set it only when the proxy overwrites that header; never when clients reach daphne directly).
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = envbool("WARDEN_SECURE_COOKIES", False)
+SECURE_HSTS_SECONDS = envint("WARDEN_HSTS_SECONDS", 0, minimum=0)
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if envbool("WARDEN_TLS_PROXY", False) else None
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
+# how long a sign-in lasts, hours (Django's default is two weeks)
+SESSION_COOKIE_AGE = round(envfloat("WARDEN_SESSION_HOURS", 12, minimum=0.05) * 3600)
+# a CSRF failure answers JSON on /api/…, Django's HTML page elsewhere
+CSRF_FAILURE_VIEW = "console.views.api.csrf_failure"
+
+# Content-Security-Policy (django-csp; Django 5.2 has no CSP of its own): scripts, styles and
+# connections only from the console itself — no inline script, no inline style, no eval.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'"],
+        "img-src": ["'self'", "data:"],
+        "connect-src": ["'self'"],  # the console websocket is same-origin (CSP 3: 'self' covers ws/wss)
+        "font-src": ["'self'"],
+        "object-src": ["'none'"],
+        "base-uri": ["'self'"],
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    }
+}
 
 # passwords set by ``manage.py adduser`` and the Users page (console.users.do_add_user)
 AUTH_PASSWORD_VALIDATORS = [

@@ -157,3 +157,9 @@ document.addEventListener("change", function (evt) {
   if (evt.target.id !== "alerts-select-all") return;
   document.querySelectorAll(".alert-pick:not([disabled])").forEach(function (box) { box.checked = evt.target.checked; });
 });
+
+// Approvals inbox: "select all" ticks every enabled approval's checkbox (they belong to #bulk-form).
+document.addEventListener("change", function (evt) {
+  if (evt.target.id !== "bulk-all") return;
+  document.querySelectorAll(".bulk-pick:not(:disabled)").forEach(function (box) { box.checked = evt.target.checked; });
+});

@@ -94,9 +94,10 @@ class FleetBrowserTestCase(ChannelsLiveServerTestCase):
             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=open(self.var_dir / "celery.log", "w"),
         )
 
-    def log_in(self, browser, path: str, frames: list[str]):
-        """A new page logged in as alice at ``path``; every websocket frame it receives goes to ``frames``."""
-        page = browser.new_page()
+    def log_in(self, browser, path: str, frames: list[str], *, bypass_csp: bool = False):
+        """A new page logged in as alice at ``path``; every websocket frame it receives goes to ``frames``.
+        ``bypass_csp``: the page ignores the Content-Security-Policy (a test that injects a script)."""
+        page = browser.new_page(bypass_csp=bypass_csp)
         page.on("websocket", lambda ws: ws.on("framereceived", lambda data: frames.append(str(data))))
         page.goto(self.live_server_url + path)
         page.fill("input[name=username]", "alice")

@@ -1,4 +1,4 @@
-"""``manage.py bootstrap`` (what ``make run`` runs before honcho): operator login, beat schedule,
+"""``manage.py bootstrap`` (what ``make run`` runs before supervisor): operator login, beat schedule,
 the bundled redis-server, and the bad-input paths — each run as a real subprocess."""
 
 import json

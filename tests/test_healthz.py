@@ -1,5 +1,7 @@
-"""``/healthz``: JSON state of database, harmony, Redis, Celery worker and beat; 200 all up, 503 naming what is down."""
+"""``/healthz``: JSON state of database, harmony, Redis, Celery worker and beat; 200 all up, 503 naming what is down.
+Anonymous callers get the status and the names only; the details are for signed-in users."""
 
+import json
 import os
 import subprocess
 import time
@@ -20,6 +22,30 @@ DB = pytest.mark.django_db(databases=["default", "harmony"])
 
 def fresh_tick(settings, age_s: float = 0) -> None:
     redis.Redis.from_url(settings.REDIS_URL).set(BEAT_KEY, int(time.time() - age_s))
+
+
+@pytest.fixture
+def client(client, alice):
+    """A signed-in operator: the details of every check are for signed-in users."""
+    client.force_login(alice)
+    return client
+
+
+@DB
+def test_anonymous_callers_get_the_status_and_names_only(settings):
+    from django.test import Client
+
+    fresh_tick(settings)
+    Run.objects.create(number=4, trigger="beat", planner="rules", status="done", started_at=timezone.now())
+    resp = Client().get("/healthz")
+    body = resp.json()
+    # no Celery worker listens on this test Redis db: 503 naming it, and nothing else
+    assert resp.status_code == 503
+    assert body == {"status": "down", "up": ["database", "harmony", "redis", "beat"], "down": ["celery"]}
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"
+    body = Client().get("/healthz").json()
+    assert set(body) == {"status", "up", "down"} and {"redis", "celery", "beat"} <= set(body["down"])
+    assert "127.0.0.1:1" not in json.dumps(body)  # no error text, no address
 
 
 @DB
@@ -105,3 +131,18 @@ def test_it_is_200_when_a_real_worker_answers(client, settings):
     finally:
         worker.terminate()
         worker.wait(timeout=20)
+
+
+def test_supervised_processes_are_named_down_unless_running(tmp_path):
+    from console.health import check_processes, supervised_processes
+
+    infos = [{"name": "web", "group": "warden", "statename": "RUNNING", "description": "pid 10, uptime 0:01:00"},
+             {"name": "worker", "group": "warden", "statename": "STARTING", "description": ""},
+             {"name": "beat", "group": "warden", "statename": "FATAL", "description": "Exited too quickly"}]
+    checks = check_processes(infos)
+    assert {n: c["up"] for n, c in checks.items()} == {"process:web": True, "process:worker": False, "process:beat": False}
+    assert checks["process:worker"]["detail"].startswith("STARTING: restarting")
+    assert "supervisorctl -c supervisord.conf start warden:beat" in checks["process:beat"]["detail"]
+    # not under supervisor (no socket, another scheme): no process checks at all
+    assert supervised_processes(f"unix://{tmp_path}/no.sock") is None and supervised_processes("") is None
+    assert supervised_processes("http://127.0.0.1:9001") is None and check_processes(None) == {}

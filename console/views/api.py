@@ -4,7 +4,8 @@ import json
 import logging
 
 from django.core.exceptions import RequestDataTooBig
-from django.http import Http404, HttpRequest, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.views.csrf import csrf_failure as django_csrf_failure
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 
@@ -25,9 +26,24 @@ log = logging.getLogger(__name__)
 @require_GET
 @never_cache
 def healthz(request: HttpRequest) -> JsonResponse:
-    """``/healthz`` (no login): JSON of every check; 200 when all are up, 503 naming what is down."""
+    """``/healthz`` (no login needed): 200 when every check is up, 503 otherwise.
+
+    Anonymous callers get the status only: ``{"status": "ok"|"down", "up": [names], "down": [names]}``.
+    A signed-in user gets the whole report (each check's detail, the last run, the demand state),
+    which may name hosts, run numbers and error texts an outsider has no business reading."""
     body, status = health.report()
+    if not request.user.is_authenticated:
+        body = {"status": body["status"], "up": [n for n, c in body["checks"].items() if c["up"]], "down": body["down"]}
     return JsonResponse(body, status=status)
+
+
+def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
+    """``CSRF_FAILURE_VIEW``: on ``/api/…`` a JSON 403 ``{"ok": false, "code": "csrf_failed", "detail"}``
+    a script can read; elsewhere Django's own HTML page (``django.views.csrf.csrf_failure``)."""
+    if request.path.startswith("/api/"):
+        return _json_error(403, "csrf_failed", f"CSRF check failed ({reason or 'no reason given'}): send the "
+                           "csrftoken cookie's value in an X-CSRFToken header from a signed-in session")
+    return django_csrf_failure(request, reason=reason)
 
 
 def _json_error(status: int, code: str, detail: str) -> JsonResponse:

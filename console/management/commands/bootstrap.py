@@ -1,4 +1,4 @@
-"""``manage.py bootstrap``: everything ``make run`` does before honcho starts the processes.
+"""``manage.py bootstrap``: everything ``make run`` does before supervisor starts the processes.
 
 In order: start the bundled redis-server under ``var/redis`` when REDIS_URL is unset (and nothing
 answers on 127.0.0.1:WARDEN_EMBEDDED_REDIS_PORT yet); migrate the ``default`` database (the
