@@ -122,7 +122,9 @@ def curio_url_options(alias: str = "harmony") -> dict:
     url = f"postgres://{auth}@{cfg['HOST']}:{cfg['PORT']}/{cfg['NAME']}?search_path=curio"
     os.environ["WARDEN_TEST_CURIO_URL"] = url
     try:
-        return _db("WARDEN_TEST_CURIO_URL", Path("unused"))["OPTIONS"]
+        from console.settings import harmony_timeouts
+
+        return harmony_timeouts(_db("WARDEN_TEST_CURIO_URL", Path("unused"))["OPTIONS"])
     finally:
         del os.environ["WARDEN_TEST_CURIO_URL"]
 

@@ -184,7 +184,8 @@ def test_read_restarts_that_do_not_stop_are_unknown_saying_so(curio):  # noqa: F
 def test_curios_search_path_url_form_is_accepted(curio):  # noqa: F811
     options = curio_url_options()
 
-    assert options["options"] == "-c search_path=curio"
+    assert options["options"].startswith("-c search_path=curio ")
+    assert "-c statement_timeout=10000" in options["options"] and "-c lock_timeout=5000" in options["options"]
     assert curio.sql("SHOW search_path") == [("curio",)]  # the fixture connected with that URL
 
 

@@ -20,13 +20,15 @@ def test_a_live_cordoned_row_without_a_name_counts_as_cordoned_not_dead(curio): 
     ]
 
 
-def test_a_live_row_without_a_name_keeps_a_rowless_instance_out_of_dead_but_is_not_live(curio):  # noqa: F811
+def test_a_live_row_without_a_name_keeps_a_rowless_instance_out_of_dead_and_counts_live(curio):  # noqa: F811
     curio.machine("", age_s=20, host="172.17.0.3:12300")
     instance("vast-103")
 
     r = read_demand(instances())
 
-    assert (r.workers_live, r.workers_cordoned, r.workers_dead) == (0, 0, 0)
+    # an unnamed live node proves our queue: a live worker (and capacity), matched to no instance
+    assert (r.workers_live, r.workers_unmatched_live, r.workers_cordoned, r.workers_dead) == (1, 1, 0, 0)
+    assert not r.workers["vast-103"].live  # never the instance's own liveness: no action targets the row
     assert len(r.unmatched) == 1 and r.unmatched[0]["host_and_port"] == "172.17.0.3:12300"
 
 
