@@ -87,6 +87,18 @@ class CurioDB:
             [number, precommitted, seed_epoch, task_id_porep, after_porep, failed],
         )
 
+    def head(self, genesis: int = 1598306400, epoch_s: int = 30) -> int:
+        """The chain head epoch on the database's clock for a network with ``genesis``."""
+        (epoch,), = self.sql("SELECT floor((extract(epoch FROM now()) - %s) / %s)::bigint", [genesis, epoch_s])
+        return epoch
+
+    def rename(self, machine_id: int, name: str) -> None:
+        """The node behind ``machine_id``'s address (re)started as ``name``: Curio's registration
+        updated the row it found by host_and_port and wrote its details afresh."""
+        self.sql("UPDATE harmony_machines SET last_contact = now() WHERE id = %s", [machine_id])
+        self.sql("UPDATE harmony_machine_details SET machine_name = %s, startup_time = clock_timestamp() "
+                 "WHERE machine_id = %s", [name, machine_id])
+
     @contextlib.contextmanager
     def as_role(self, grants: list[str]):
         """Read through a role holding only ``grants`` (SQL GRANT statements ending ``TO {role}``).
