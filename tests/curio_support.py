@@ -100,7 +100,7 @@ class CurioDB:
                  "WHERE machine_id = %s", [name, machine_id])
 
     @contextlib.contextmanager
-    def as_role(self, grants: list[str]):
+    def as_role(self, grants: list[str], usage: bool = True):
         """Read through a role holding only ``grants`` (SQL GRANT statements ending ``TO {role}``).
 
         The role name derives from the test database's (roles are cluster-wide). The session
@@ -109,7 +109,8 @@ class CurioDB:
         name = str(connections[self.alias].settings_dict["NAME"])[:40] + "_reader"
         self.sql(f"DROP ROLE IF EXISTS {name}")
         self.sql(f"CREATE ROLE {name} NOLOGIN")
-        self.sql(f"GRANT USAGE ON SCHEMA curio TO {name}")
+        if usage:
+            self.sql(f"GRANT USAGE ON SCHEMA curio TO {name}")
         for g in grants:
             self.sql(g.format(role=name))
         self.sql(f"SET ROLE {name}")
