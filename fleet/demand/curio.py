@@ -684,8 +684,11 @@ class HarmonyDemandSource:
             gone = destroyed_worker_names(named) - ours
             unmatched = [x for x in unmatched if x["name"] not in gone]
 
-        doubts = _identity_doubts(machines, detail_of, ours, {i.worker_name or i.external_id for i in running
-                                                              if not in_grace(i) and (i.worker_name or i.external_id) not in workers})
+        # instances we want running whose name is on no row: a node may be working under another's row
+        rowless = {i.worker_name or i.external_id for i in instances
+                   if getattr(i, "killed_at", None) is None and (getattr(i, "intended_status", "") or "running") == "running"
+                   and not in_grace(i) and (i.worker_name or i.external_id) not in workers}
+        doubts = _identity_doubts(machines, detail_of, ours, rowless)
         expected = live = cordoned = norow = starting = doubted = 0
         for inst in running:
             name = inst.worker_name or inst.external_id
@@ -707,6 +710,8 @@ class HarmonyDemandSource:
                 live += 1
             if name in doubts and view is not None:
                 view.identity = doubts[name]["why"]
+        for name, d in doubts.items():  # e.g. one the provider shows exited or in error: still in doubt
+            workers.setdefault(name, WorkerView(name=name, live=False, identity=d["why"]))
         # an instance without a row of its own may be an unnamed live row (CURIO_NODE_NAME unset)
         stand_ins = sorted(
             (x for x in unmatched if not x["name"] and x["live"]), key=lambda x: (not x["cordoned"], x["machine_id"])
