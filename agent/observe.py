@@ -216,10 +216,10 @@ def read_and_record_demand(instances) -> DemandReading:
                 "source": reading.source, **({"rate_window_s": reading.rate_window_s} if reading.rate_window_s else {}),
                 **{k: getattr(reading, k) for k in ("proof_s_by_gpu", "proof_s_by_worker") if getattr(reading, k)}},
     )
-    if reading.new_proofs:
+    if reading.history_at is not None:  # Curio's task history was read: credit its new proofs
         from fleet.proof_cost import record_proof_credits
 
-        record_proof_credits(reading.new_proofs, instances)
+        record_proof_credits(reading.new_proofs, instances, read_at=reading.history_at)
     if reading.node_identity:
         who = "; ".join(f"{x['instance']}: {x['why']}" for x in reading.node_identity[:5])
         raise_alert("node_identity", f"Curio's rows cannot tell our nodes apart; their liveness is unknown and "

@@ -251,10 +251,22 @@ class ProofCredit(models.Model):
     seconds = models.FloatField(null=True)
     work_end = models.DateTimeField(null=True)
     seen_at = models.DateTimeField(db_index=True)
+    # the read before the one that saw it (database clock; null: none recorded): it ended between
+    seen_after = models.DateTimeField(null=True)
 
     class Meta:
         ordering = ["-seen_at", "-history_id"]
         indexes = [models.Index(fields=["instance", "seen_at"])]
+
+
+class CurioRead(models.Model):
+    """The database's clock at a recorded read of Curio's task history (``at``): the boundaries
+    between which each credited proof ended (``ProofCredit.seen_after`` … ``seen_at``)."""
+
+    at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        ordering = ["-at"]
 
 
 class CurioNodeSeen(models.Model):

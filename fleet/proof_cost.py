@@ -42,17 +42,33 @@ class GpuProofCost:
     usd_per_proof: float | None
 
 
-def record_proof_credits(proofs: list[dict], instances=()) -> int:
+#: read marks older than this are pruned
+MARKS_KEPT = timedelta(days=2)
+
+
+def record_proof_credits(proofs: list[dict], instances=(), read_at=None) -> int:
     """Store a ``ProofCredit`` for each of ``proofs`` (the reader's ``new_proofs``: history id,
     task id, name, address, ``worker`` name or '', ``seconds``, ``work_end``, ``seen_at``) that has
     none yet; returns how many were stored. The worker name is matched to ``instances`` first,
     then to any instance of ours with that name, the newest (killed ones included: a proof seen
     after its machine was destroyed is still its). Two writers crediting the same proof store it
-    once (``history_id`` is unique)."""
+    once (``history_id`` is unique).
+
+    ``read_at``: the database's clock at the read that found them; it is recorded as a
+    ``CurioRead`` mark (every proof recorded before it is now credited) and each credit's
+    ``seen_after`` is the mark before it — the two bound when the proof ended on the database's
+    clock (``fleet.demand.curio.node_clock_offsets``)."""
     from django.db.models import Q
 
-    from fleet.models import Instance, ProofCredit
+    from fleet.models import CurioRead, Instance, ProofCredit
 
+    read_at = read_at or (proofs[0]["seen_at"] if proofs else None)
+    prev = None
+    if read_at is not None:
+        prev = CurioRead.objects.filter(at__lt=read_at).order_by("-at").values_list("at", flat=True).first()
+        CurioRead.objects.create(at=read_at)
+        if prev is None or prev < read_at - MARKS_KEPT:
+            CurioRead.objects.filter(at__lt=read_at - MARKS_KEPT).delete()
     if not proofs:
         return 0
     by_name = {}
@@ -70,7 +86,7 @@ def record_proof_credits(proofs: list[dict], instances=()) -> int:
             history_id=p["history_id"], task_id=p["task_id"], name=p["name"][:16], instance=inst,
             worker_name=p["worker"][:100], host_and_port=p["host_and_port"][:300],
             gpu_name=(inst.gpu_name if inst is not None else "")[:64], dph=inst.dph if inst is not None else None,
-            seconds=p["seconds"], work_end=p["work_end"], seen_at=p["seen_at"] or clock.now(),
+            seconds=p["seconds"], work_end=p["work_end"], seen_at=p["seen_at"] or clock.now(), seen_after=prev,
         ))
     return len(ProofCredit.objects.bulk_create(rows, ignore_conflicts=True))
 
@@ -87,14 +103,14 @@ def credit_new_proofs(source, instances=()) -> int:
     names = list(settings.WARDEN["TASK_NAMES"])
     proofs = source._new_proofs(names)
     if not proofs:
-        return 0
+        return 0  # no mark either: nothing changed since the last one
     machines = list(HarmonyMachine.objects.using(source.using).values("id", "host_and_port"))
     details = list(HarmonyMachineDetails.objects.using(source.using).values("machine_id", "machine_name"))
     hosts: dict[str, int] = {}
     for m in machines:
         hosts[m["host_and_port"] or ""] = hosts.get(m["host_and_port"] or "", 0) + 1
     shared = {hp for hp, n in hosts.items() if n > 1}
-    return record_proof_credits(_name_proofs(proofs, machines, details, shared), instances)
+    return record_proof_credits(_name_proofs(proofs, machines, details, shared), instances, read_at=proofs[0]["seen_at"])
 
 
 def proof_costs(instances, window: timedelta = WINDOW, using: str | None = None) -> tuple[list[GpuProofCost], str]:

@@ -101,6 +101,9 @@ class DemandReading:
     #: (``record_proof_credits``): each {"history_id", "task_id", "name", "host_and_port",
     #: "worker", "seconds", "work_end", "seen_at"}; ``seen_at`` is the database's clock at the read
     new_proofs: list[dict] = field(default_factory=list)
+    #: the database's clock when the task history was read (None: not read); the instant credits
+    #: of this read are ``seen_at``
+    history_at: datetime | None = None
     unreadable: dict[str, str] = field(default_factory=dict)
     source: str = ""
 

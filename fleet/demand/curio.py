@@ -257,6 +257,44 @@ def epoch_time(epoch: int) -> datetime:
     return datetime.fromtimestamp(w["CURIO_GENESIS_UNIX"] + epoch * w["CURIO_EPOCH_S"], UTC)
 
 
+#: node clock offsets are estimated from the credits of this long
+OFFSET_WINDOW = timedelta(hours=24)
+#: offsets beyond this are not corrected (a clock that wrong is a node to fix, not to model)
+OFFSET_LIMIT_S = 3600.0
+
+
+def node_clock_offsets() -> dict[str, float]:
+    """Each node's clock offset, seconds (node minus database), by ``host_and_port``, from the
+    proofs credited over ``OFFSET_WINDOW`` (``fleet.models.ProofCredit``).
+
+    A proof credited at read ``seen_at`` and not yet at the read before (``seen_after``) ended, on
+    the database's clock, between the two, so the node's offset lies in ``[work_end - seen_at,
+    work_end - seen_after)``; the intersection over its proofs narrows as proofs end at different
+    moments between reads. A node whose intersection holds 0 is taken as right (0); otherwise the
+    bound nearest 0 is its offset (the least correction the evidence demands). One aggregate query
+    on Warden's database."""
+    from fleet.models import ProofCredit
+
+    since = clock.now() - OFFSET_WINDOW
+    rows = (ProofCredit.objects.filter(seen_at__gte=since, work_end__isnull=False).exclude(host_and_port="")
+            .values("host_and_port")
+            .annotate(lo=Max(ExpressionWrapper(F("work_end") - F("seen_at"), output_field=DurationField())),
+                      hi=Min(ExpressionWrapper(F("work_end") - F("seen_after"), output_field=DurationField())))
+            .order_by())
+    out = {}
+    for r in rows:
+        lo = r["lo"].total_seconds() if r["lo"] is not None else None
+        hi = r["hi"].total_seconds() if r["hi"] is not None else None
+        offset = 0.0
+        if lo is not None and lo > 0:
+            offset = lo
+        elif hi is not None and hi < 0:
+            offset = hi
+        if offset and abs(offset) <= OFFSET_LIMIT_S:
+            out[r["host_and_port"]] = offset
+    return out
+
+
 def measured_loading_s() -> float:
     """Seconds from a launch to a live worker: the median, over the ``LOADING_SAMPLE`` newest
     instances that reached ``running`` (not adopted ones), of ``created_at`` to their first
@@ -462,7 +500,7 @@ class HarmonyDemandSource:
         ``WARDEN["CURIO_READ_DEADLINE_S"]`` (:func:`read_deadline`): a read that does not finish
         in time raises :class:`DemandError` saying so."""
         with read_deadline(self.using, settings.WARDEN["CURIO_READ_DEADLINE_S"]) as fired:
-            self._deadline = fired
+            self._deadline, self._now = fired, None
             try:
                 return self._read(instances)
             except DbError as exc:  # a failure outside the per-table reads
@@ -543,6 +581,7 @@ class HarmonyDemandSource:
             chain_epoch=None if sdr is None else sdr["epoch"],
             loading_s=loading,
             new_proofs=new_proofs,
+            history_at=history[4] if history is not None else None,
             proofs_hr=proofs_hr,
             proof_s=proof_s,
             proof_s_by_worker=by_worker,
@@ -557,52 +596,76 @@ class HarmonyDemandSource:
             **counts,
         )
 
-    def _history(self, names: list[str]) -> tuple[float, float | None, list[tuple[str, float]], list[dict]]:
+    def _history(self, names: list[str]) -> tuple[float, float | None, list[tuple[str, float]], list[dict], datetime]:
         """(current proofs per hour over ``RATE_WINDOW``, median seconds per proof or None, the
-        ``(completed_by_host_and_port, seconds)`` of each proof in the sample, and the successful
-        proofs recorded after the newest one Warden has credited), database clock."""
-        ok = HarmonyTaskHistory.objects.using(self.using).filter(result=True, name__in=names, work_end__lte=Now())
-        recent = ok.filter(work_end__gte=Now() - RATE_WINDOW).aggregate(n=Count("task_id"), oldest=Max(_age("work_start")))
+        ``(completed_by_host_and_port, seconds)`` of each proof in the sample, the successful proofs
+        recorded after the newest one Warden has credited, and the database's now).
+
+        The rate's window is on the database's clock: ``work_start``/``work_end`` are written on
+        each node's clock, so each node's proofs are shifted by its clock offset
+        (:func:`node_clock_offsets`, from the credits of earlier reads) before they are windowed.
+        Without an estimate (a node never seen before) the node's clock is taken as right."""
+        now = self._db_now()
+        ok = HarmonyTaskHistory.objects.using(self.using).filter(result=True, name__in=names)
+        offsets = node_clock_offsets()
+        slack = max([abs(o) for o in offsets.values()] + [0.0])
+        rows = list(ok.filter(work_end__gte=Now() - RATE_WINDOW - timedelta(seconds=slack),
+                              work_end__lte=Now() + timedelta(seconds=slack))
+                    .values_list("completed_by_host_and_port", "work_start", "work_end")[:CREDIT_BATCH])
+        start_of_window = now - RATE_WINDOW
+        n, oldest = 0, None
+        for hp, start, end in rows:
+            shift = timedelta(seconds=offsets.get(hp or "", 0.0))
+            end, start = end - shift, start - shift
+            if not start_of_window <= end <= now:
+                continue
+            n += 1
+            oldest = start if oldest is None or start < oldest else oldest
         rate = 0.0
-        if recent["n"]:
-            covered = min(RATE_WINDOW, recent["oldest"] or RATE_WINDOW).total_seconds()
-            rate = recent["n"] * 3600.0 / max(1.0, covered)
+        if n:
+            covered = min(RATE_WINDOW, now - oldest if oldest is not None else RATE_WINDOW).total_seconds()
+            rate = n * 3600.0 / max(1.0, covered)
         spans = list(
-            ok.filter(work_end__gte=Now() - PROOF_WINDOW)
+            ok.filter(work_end__gte=Now() - PROOF_WINDOW, work_end__lte=Now() + timedelta(seconds=slack))
             .annotate(span=ExpressionWrapper(F("work_end") - F("work_start"), output_field=DurationField()))
             .order_by("-work_end")
             .values_list("completed_by_host_and_port", "span")[:PROOF_SAMPLE]
         )
         spans = [(hp or "", s.total_seconds()) for hp, s in spans if s is not None and s.total_seconds() > 0]
         seconds = [x for _, x in spans]
-        return round(rate, 1), (statistics.median(seconds) if seconds else None), spans, self._new_proofs(names)
+        return round(rate, 1), (statistics.median(seconds) if seconds else None), spans, self._new_proofs(names, now), now
 
-    def _new_proofs(self, names: list[str]) -> list[dict]:
+    def _new_proofs(self, names: list[str], now: datetime | None = None) -> list[dict]:
         """Successful proofs with a history ``id`` above the newest credited one (the first read:
-        those of the last ``PROOF_WINDOW``), oldest first, at most ``CREDIT_BATCH``; each with the
-        database's ``now()`` as ``seen_at``. History ids are assigned by the database in insertion
-        order, so no node's clock decides which rows are new."""
+        those of the last ``PROOF_WINDOW``), oldest first, at most ``CREDIT_BATCH``; each with
+        ``seen_at`` = ``now`` (the database's clock; read here when not given). History ids are
+        assigned by the database in insertion order, so no node's clock decides which rows are new."""
         from fleet.models import ProofCredit
 
+        now = now or self._db_now()
         last = ProofCredit.objects.aggregate(m=Max("history_id"))["m"]
         rows = HarmonyTaskHistory.objects.using(self.using).filter(result=True, name__in=names)
         rows = rows.filter(id__gt=last) if last is not None else rows.filter(work_end__gte=Now() - PROOF_WINDOW)
         return [
             {"history_id": r["id"], "task_id": r["task_id"], "name": r["name"],
              "host_and_port": r["completed_by_host_and_port"] or "", "work_start": r["work_start"],
-             "work_end": r["work_end"], "seen_at": r["seen"]}
-            for r in rows.annotate(seen=Now()).order_by("id").values(
-                "id", "task_id", "name", "completed_by_host_and_port", "work_start", "work_end", "seen")[:CREDIT_BATCH]
+             "work_end": r["work_end"], "seen_at": now}
+            for r in rows.order_by("id").values(
+                "id", "task_id", "name", "completed_by_host_and_port", "work_start", "work_end")[:CREDIT_BATCH]
         ]
 
     def _db_now(self) -> datetime:
-        """The database's clock (``CURRENT_TIMESTAMP``), aware UTC."""
+        """The database's clock (``CURRENT_TIMESTAMP``), aware UTC; read once per read."""
+        cached = getattr(self, "_now", None)
+        if cached is not None and getattr(self, "_deadline", None) is not None:
+            return cached
         with connections[self.using].cursor() as cur:
             cur.execute("SELECT CURRENT_TIMESTAMP")
             value = cur.fetchone()[0]
         if isinstance(value, str):  # SQLite: 'YYYY-MM-DD HH:MM:SS' in UTC
             value = datetime.fromisoformat(value)
-        return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+        self._now = value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+        return self._now
 
     def _sdr_backlog(self, loading_s: float) -> dict:
         """Sectors waiting for PoRep in ``sectors_sdr_pipeline`` (precommit landed, seed epoch set,
