@@ -67,8 +67,7 @@ def record_proof_credits(proofs: list[dict], instances=(), read_at=None) -> int:
     if read_at is not None:
         prev = CurioRead.objects.filter(at__lt=read_at).order_by("-at").values_list("at", flat=True).first()
         CurioRead.objects.create(at=read_at)
-        if prev is None or prev < read_at - MARKS_KEPT:
-            CurioRead.objects.filter(at__lt=read_at - MARKS_KEPT).delete()
+        CurioRead.objects.filter(at__lt=read_at - MARKS_KEPT).delete()  # the offsets look back a day
     if not proofs:
         return 0
     by_name = {}

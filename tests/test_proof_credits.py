@@ -118,3 +118,18 @@ def test_twin_a_node_on_time_reads_the_same_with_no_estimate(curio):  # noqa: F8
 
     assert node_clock_offsets() == {}
     assert r.proofs_hr == pytest.approx(20, abs=0.2)
+
+
+def test_a_proof_committed_after_a_newer_one_is_still_credited(curio):  # noqa: F811
+    """History ids are taken at insert; two nodes' transactions may commit out of id order."""
+    instance("rig-a")
+    curio.machine("rig-a", age_s=5, host="10.0.0.1:12300")
+    (late,), = curio.sql("SELECT nextval(pg_get_serial_sequence('harmony_task_history', 'id'))")
+    curio.history(20, host="10.0.0.1:12300")  # id late + 1, committed first
+    read_and_record_demand(instances())
+    curio.sql("INSERT INTO harmony_task_history (id, task_id, name, posted, work_start, work_end, result, err, "
+              "completed_by_host_and_port) VALUES (%s, 9, 'PoRep', now(), now() - interval '30 s', now(), true, '', "
+              "'10.0.0.1:12300')", [late])
+    read_and_record_demand(instances())
+
+    assert sorted(ProofCredit.objects.values_list("history_id", flat=True)) == [late, late + 1]

@@ -239,6 +239,8 @@ def _age(column: str) -> ExpressionWrapper:
 
 #: at most this many new proofs are credited per read (the rest on the next)
 CREDIT_BATCH = 5000
+#: history ids this far below the newest credited one are looked at again (a row committed late)
+CREDIT_LOOKBACK = 200
 #: the newest launches whose loading time is measured
 LOADING_SAMPLE = 20
 
@@ -645,14 +647,21 @@ class HarmonyDemandSource:
         now = now or self._db_now()
         last = ProofCredit.objects.aggregate(m=Max("history_id"))["m"]
         rows = HarmonyTaskHistory.objects.using(self.using).filter(result=True, name__in=names)
-        rows = rows.filter(id__gt=last) if last is not None else rows.filter(work_end__gte=Now() - PROOF_WINDOW)
+        done: set[int] = set()
+        if last is not None:
+            # ids are taken at insert but committed in any order across nodes: look back a little
+            rows = rows.filter(id__gt=last - CREDIT_LOOKBACK)
+            done = set(ProofCredit.objects.filter(history_id__gt=last - CREDIT_LOOKBACK).values_list("history_id", flat=True))
+        else:
+            rows = rows.filter(work_end__gte=Now() - PROOF_WINDOW)
         return [
             {"history_id": r["id"], "task_id": r["task_id"], "name": r["name"],
              "host_and_port": r["completed_by_host_and_port"] or "", "work_start": r["work_start"],
              "work_end": r["work_end"], "seen_at": now}
             for r in rows.order_by("id").values(
-                "id", "task_id", "name", "completed_by_host_and_port", "work_start", "work_end")[:CREDIT_BATCH]
-        ]
+                "id", "task_id", "name", "completed_by_host_and_port", "work_start", "work_end")[:CREDIT_BATCH + len(done)]
+            if r["id"] not in done
+        ][:CREDIT_BATCH]
 
     def _db_now(self) -> datetime:
         """The database's clock (``CURRENT_TIMESTAMP``), aware UTC; read once per read."""
