@@ -647,13 +647,11 @@ class HarmonyDemandSource:
         now = now or self._db_now()
         last = ProofCredit.objects.aggregate(m=Max("history_id"))["m"]
         rows = HarmonyTaskHistory.objects.using(self.using).filter(result=True, name__in=names)
-        done: set[int] = set()
-        if last is not None:
-            # ids are taken at insert but committed in any order across nodes: look back a little
-            rows = rows.filter(id__gt=last - CREDIT_LOOKBACK)
-            done = set(ProofCredit.objects.filter(history_id__gt=last - CREDIT_LOOKBACK).values_list("history_id", flat=True))
-        else:
-            rows = rows.filter(work_end__gte=Now() - PROOF_WINDOW)
+        # ids are taken at insert but committed in any order across nodes: look back a little (the
+        # same queries whether or not anything was credited yet: the count does not depend on it)
+        floor = (last if last is not None else 0) - CREDIT_LOOKBACK
+        done = set(ProofCredit.objects.filter(history_id__gt=floor).values_list("history_id", flat=True))
+        rows = rows.filter(id__gt=floor) if last is not None else rows.filter(work_end__gte=Now() - PROOF_WINDOW)
         return [
             {"history_id": r["id"], "task_id": r["task_id"], "name": r["name"],
              "host_and_port": r["completed_by_host_and_port"] or "", "work_start": r["work_start"],
