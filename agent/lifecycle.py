@@ -103,16 +103,22 @@ def forced_approval(tool: str, args: dict, world, *, injected: bool = False) -> 
 
     SCENARIOS.md "forced approval": any side effect in a run after that run raised
     ``prompt_injection`` (``injected``); stopping or destroying an instance whose dead worker still
-    owns tasks; destroying a terminal instance while blind.
+    owns tasks; destroying a terminal instance while blind; stopping, rebooting or destroying an
+    instance whose worker's identity is in doubt (``node_identity``: Curio's rows cannot tell its
+    node apart from another's, so its liveness is unknown), by every actor, the monitor included.
     """
     if injected:
         return "this run saw instruction-like text (prompt_injection): every side effect needs an operator"
-    if tool not in ("stop_instance", "destroy_instance"):
+    if tool not in ("stop_instance", "destroy_instance", "reboot_instance"):
         return ""
     inst = world.instance(str(args.get("instance_id", "")))
     if inst is None or inst.killed_at is not None:
         return ""
     w = world.worker_for(inst)
+    if w is not None and getattr(w, "identity", ""):
+        return f"{inst.external_id}'s worker identity is in doubt (node_identity): {w.identity}"
+    if tool == "reboot_instance":
+        return ""
     if w is not None and w.owned_tasks and not worker_live(inst, world):
         return f"{inst.external_id}'s dead worker still owns {w.owned_tasks} task(s)"
     if tool == "destroy_instance" and blind(world) and is_terminal(inst, world)[0]:

@@ -131,6 +131,7 @@ class World:
             "workers_dead": reading.workers_dead,
             "workers_cordoned": reading.workers_cordoned,
             "backlog": reading.backlog,
+            **backlog_view(reading),
             "proofs_hr": reading.proofs_hr,
             "proof_s": reading.proof_s,
             "active": reading.active,
@@ -150,6 +151,23 @@ class World:
         }
 
 
+def backlog_view(reading: DemandReading) -> dict:
+    """The backlog's parts that are not in ``backlog`` itself, when the source knows them: SDR
+    sectors whose PoRep is not due yet (``backlog_not_due``), how many of them become due within
+    the loading time (``backlog_soon``, counted in ``backlog``), when the first becomes due
+    (``backlog_next_due_at``, ISO UTC), the chain head epoch and the loading time used."""
+    out = {}
+    if reading.backlog_not_due is not None:
+        out["backlog_not_due"] = reading.backlog_not_due
+        out["backlog_soon"] = reading.backlog_soon
+        if reading.backlog_next_due_at is not None:
+            out["backlog_next_due_at"] = reading.backlog_next_due_at.isoformat()
+        out["chain_epoch"] = reading.chain_epoch
+    if reading.loading_s is not None:
+        out["loading_s"] = round(reading.loading_s)
+    return out
+
+
 def unmatched_view(reading: DemandReading) -> dict:
     """Worker rows no instance matches (count and ``host:port``, at most 10 listed), ``host_and_port``
     values several rows share, and the fields the source could not read: for the observation and
@@ -160,6 +178,10 @@ def unmatched_view(reading: DemandReading) -> dict:
         out["unmatched"] = [
             {k: u[k] for k in ("host_and_port", "name", "live", "cordoned", "owned_tasks")} for u in reading.unmatched[:10]
         ]
+    if reading.workers_unmatched_live:
+        out["workers_unmatched_live"] = reading.workers_unmatched_live
+    if reading.node_identity:
+        out["node_identity"] = [dict(x) for x in reading.node_identity[:10]]
     if reading.shared_hosts:
         out["shared_host_and_port"] = {hp: len(ids) for hp, ids in list(reading.shared_hosts.items())[:10]}
     if reading.unreadable:
@@ -190,10 +212,20 @@ def read_and_record_demand(instances) -> DemandReading:
         proof_s=reading.proof_s,
         active=reading.active,
         idle_since=reading.idle_since if reading.state == "ok" else None,
-        detail={**unmatched_view(reading), **({"workers_starting": reading.workers_starting} if reading.workers_starting is not None else {}),
+        detail={**unmatched_view(reading), **backlog_view(reading), **({"workers_starting": reading.workers_starting} if reading.workers_starting is not None else {}),
                 "source": reading.source, **({"rate_window_s": reading.rate_window_s} if reading.rate_window_s else {}),
                 **{k: getattr(reading, k) for k in ("proof_s_by_gpu", "proof_s_by_worker") if getattr(reading, k)}},
     )
+    if reading.history_at is not None:  # Curio's task history was read: credit its new proofs
+        from fleet.proof_cost import record_proof_credits
+
+        record_proof_credits(reading.new_proofs, instances, read_at=reading.history_at)
+    if reading.node_identity:
+        who = "; ".join(f"{x['instance']}: {x['why']}" for x in reading.node_identity[:5])
+        raise_alert("node_identity", f"Curio's rows cannot tell our nodes apart; their liveness is unknown and "
+                    f"stopping, rebooting or destroying them needs an operator: {who}", severity="P1")
+    elif reading.state == "ok" and reading.workers_live is not None:
+        resolve("node_identity")
     if reading.state != "ok":
         raise_alert("demand_unknown", f"demand is {reading.state}: {reading.error or 'no fresh read'}", severity="P1")
     else:

@@ -1,10 +1,20 @@
 """Celery tasks: thin wrappers over the one cycle entry point (``agent.loop``)."""
 
 from celery import shared_task
+from django.conf import settings
 from django.db import transaction
 
+#: Celery's time limits on the tasks that run a cycle (or the monitor) under the run lock: the
+#: last net under the Curio read's timeouts and deadline (``fleet.demand.curio.read_deadline``).
+#: The soft limit raises ``SoftTimeLimitExceeded`` inside the task (``run_cycle`` fails its run and
+#: releases the lock); the hard one kills the worker process. Both are inside the run lock's expiry.
+CYCLE_LIMITS = {
+    "soft_time_limit": settings.WARDEN["CYCLE_SOFT_TIME_LIMIT_S"],
+    "time_limit": max(settings.WARDEN["CYCLE_TIME_LIMIT_S"], settings.WARDEN["CYCLE_SOFT_TIME_LIMIT_S"] + 5),
+}
 
-@shared_task(name="agent.tasks.observe_cycle", bind=True, acks_late=True, max_retries=None)
+
+@shared_task(name="agent.tasks.observe_cycle", bind=True, acks_late=True, max_retries=None, **CYCLE_LIMITS)
 def observe_cycle(self, trigger: str = "heartbeat", message: str | None = None, actor: str = "system"):
     """Run one observe cycle; returns the run number. Retried shortly while another run (the
     monitor, say) holds the lock, so a heartbeat is late by seconds, not skipped.
@@ -31,7 +41,7 @@ def observe_cycle(self, trigger: str = "heartbeat", message: str | None = None, 
     return run.number
 
 
-@shared_task(name="agent.tasks.resume", bind=True, acks_late=True)
+@shared_task(name="agent.tasks.resume", bind=True, acks_late=True, **CYCLE_LIMITS)
 def resume(self, run_id: int):
     """Resume a parked run after its approvals were decided; retried while the run lock is busy."""
     from agent.loop import resume_run
@@ -47,7 +57,7 @@ def resume(self, run_id: int):
     return run.number
 
 
-@shared_task(name="agent.tasks.triggered_cycle", bind=True, acks_late=True, max_retries=None)
+@shared_task(name="agent.tasks.triggered_cycle", bind=True, acks_late=True, max_retries=None, **CYCLE_LIMITS)
 def triggered_cycle(self, kind: str = "event"):
     """The run of a trigger event (``agent.triggers.fire``); returns the run number, or ``None``
     when an earlier run already took every waiting event.
@@ -80,7 +90,7 @@ def start_resume(run_id: int) -> None:
     transaction.on_commit(lambda: resume.delay(run_id))
 
 
-@shared_task(name="agent.tasks.monitor_tick", acks_late=True)
+@shared_task(name="agent.tasks.monitor_tick", acks_late=True, **CYCLE_LIMITS)
 def monitor_tick():
     """The monitor's lifecycle rules (beat, every 60 s); returns a run number when it acted."""
     from agent.models import Run

@@ -9,9 +9,10 @@ Sources, each read once (the query count does not grow with the history):
   reason code, refused and parked ones included — what it tried, not only what ran;
 - ``diagnosis``: each verdict with its class and cause;
 - ``alert``: raised, acknowledged (with the comment), silenced and resolved;
-- ``rate``: successful and failed proofs per hour of the instance's worker, from Curio's
-  ``harmony_task_history`` (``completed_by_host_and_port`` of the worker registered under the
-  instance's ``worker_name``). When Curio's database cannot be read, one ``rate`` event says so.
+- ``rate``: proofs per hour credited to the instance when they completed (``ProofCredit``, kept
+  after it stops or is destroyed), and its worker's failed attempts from Curio's
+  ``harmony_task_history`` while it lives. When Curio's database cannot be read, one ``rate``
+  event says so.
 """
 
 from dataclasses import dataclass
@@ -89,28 +90,49 @@ def _alerts(inst: Instance, limit: int) -> list[Event]:
 
 
 def _rates(inst: Instance, now) -> list[Event]:
+    """Proofs per hour credited to ``inst`` (``fleet.models.ProofCredit``, kept after it stops or
+    is destroyed), hours on the database's clock (``seen_at``), plus the failed attempts of its
+    worker's address in Curio's ``harmony_task_history`` while its rows are there."""
+    from fleet.demand.curio import HarmonyDemandSource, node_clock_offsets
     from fleet.harmony import HarmonyMachineDetails, HarmonyTaskHistory
+    from fleet.models import ProofCredit
+    from fleet.proof_cost import credit_new_proofs
 
     name = inst.worker_name or inst.external_id
     since = max(inst.created_at, now - RATE_WINDOW)
+    events = []
     try:
-        hosts = list(HarmonyMachineDetails.objects.filter(machine_name=name)
-                     .values_list("machine__host_and_port", flat=True).distinct())
-        if not hosts:
-            return []
-        rows = list(HarmonyTaskHistory.objects.filter(completed_by_host_and_port__in=hosts, work_end__gte=since)
-                    .values_list("work_end", "result"))
+        credit_new_proofs(HarmonyDemandSource(), [inst])  # what completed since the last observe
     except DatabaseError as exc:
-        return [Event(now, "rate", "proof rate unavailable", f"Curio's database could not be read: {type(exc).__name__}",
-                      "", "warn")]
+        events.append(Event(now, "rate", "new proofs unavailable", f"Curio's database could not be read: {type(exc).__name__}",
+                            "", "warn"))
+    offsets = node_clock_offsets()
     hours: dict = {}
-    for end, ok in rows:
-        hour = end.replace(minute=0, second=0, microsecond=0)
+    for seen, end, hp in ProofCredit.objects.filter(instance=inst, seen_at__gte=since).values_list(
+            "seen_at", "work_end", "host_and_port"):
+        # the hour it ended: the node's end time on the database's clock (its offset removed), else when seen
+        at = end - timedelta(seconds=offsets.get(hp, 0.0)) if end is not None else seen
+        hour = min(at, seen).replace(minute=0, second=0, microsecond=0)
         good, bad = hours.get(hour, (0, 0))
-        hours[hour] = (good + 1, bad) if ok else (good, bad + 1)
-    return [Event(min(hour + timedelta(hours=1), now), "rate", f"{good} proofs/h" + (f", {bad} failed" if bad else ""),
-                  f"{hour:%H:%M}–{hour + timedelta(hours=1):%H:%M} UTC, worker {name}", "", "bad" if bad and not good else "")
-            for hour, (good, bad) in hours.items()]
+        hours[hour] = (good + 1, bad)
+    if inst.killed_at is None:
+        try:
+            hosts = list(HarmonyMachineDetails.objects.filter(machine_name=name)
+                         .values_list("machine__host_and_port", flat=True).distinct())
+            failed = list(HarmonyTaskHistory.objects.filter(completed_by_host_and_port__in=hosts, work_end__gte=since,
+                                                            result=False).values_list("work_end", flat=True)) if hosts else []
+        except DatabaseError as exc:
+            failed = []
+            events.append(Event(now, "rate", "failed proofs unavailable",
+                                f"Curio's database could not be read: {type(exc).__name__}", "", "warn"))
+        for end in failed:
+            hour = end.replace(minute=0, second=0, microsecond=0)
+            good, bad = hours.get(hour, (0, 0))
+            hours[hour] = (good, bad + 1)
+    return events + [
+        Event(min(hour + timedelta(hours=1), now), "rate", f"{good} proofs/h" + (f", {bad} failed" if bad else ""),
+              f"{hour:%H:%M}–{hour + timedelta(hours=1):%H:%M} UTC, worker {name}", "", "bad" if bad and not good else "")
+        for hour, (good, bad) in sorted(hours.items())]
 
 
 def instance_timeline(inst: Instance, kinds: tuple[str, ...] = KINDS, limit: int = MAX_EVENTS) -> list[Event]:

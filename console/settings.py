@@ -189,9 +189,32 @@ def _db(setting: str, default_sqlite: Path) -> dict:
     cfg.setdefault("OPTIONS", {})
     if cfg["ENGINE"].endswith("postgresql"):
         cfg["OPTIONS"].setdefault("connect_timeout", 5)
+        # TCP keepalives: a peer that vanished (host down, network cut) ends the read in about
+        # 10 + 3 x 5 s instead of the kernel's two hours (libpq keepalives_* parameters)
+        for key, value in (("keepalives", 1), ("keepalives_idle", 10), ("keepalives_interval", 5),
+                           ("keepalives_count", 3)):
+            cfg["OPTIONS"].setdefault(key, value)
         _search_path_option(setting, raw, cfg["OPTIONS"])
     cfg["CONN_HEALTH_CHECKS"] = True
     return cfg
+
+
+# the server-side timeouts of every statement on the harmony connection (Curio's database): a
+# Curio migration's ALTER TABLE holds ACCESS EXCLUSIVE on its table, and a read without them waits
+# for the whole migration (docs/curio.md "timeouts")
+CURIO_STATEMENT_TIMEOUT_S = envfloat("WARDEN_CURIO_STATEMENT_TIMEOUT_S", 10.0, minimum=0.1)
+CURIO_LOCK_TIMEOUT_S = envfloat("WARDEN_CURIO_LOCK_TIMEOUT_S", 5.0, minimum=0.1)
+
+
+def harmony_timeouts(options: dict) -> dict:
+    """``options`` (a PostgreSQL alias's OPTIONS) with ``statement_timeout`` and ``lock_timeout``
+    added as server options (``-c name=ms``), unless the URL set them itself."""
+    extra = [f"-c {name}={int(seconds * 1000)}" for name, seconds in
+             (("statement_timeout", CURIO_STATEMENT_TIMEOUT_S), ("lock_timeout", CURIO_LOCK_TIMEOUT_S))
+             if name not in options.get("options", "")]
+    if extra:
+        options["options"] = " ".join([options["options"], *extra] if options.get("options") else extra)
+    return options
 
 
 DATABASES = {
@@ -199,6 +222,8 @@ DATABASES = {
     # Curio's HarmonyDB (the demo queue by default). Read through unmanaged models.
     "harmony": _db("HARMONY_DATABASE_URL", VAR_DIR / "harmony.sqlite3"),
 }
+if DATABASES["harmony"]["ENGINE"].endswith("postgresql"):
+    harmony_timeouts(DATABASES["harmony"]["OPTIONS"])
 DATABASES["default"]["TEST"] = {"NAME": os.environ.get("WARDEN_TEST_DB_NAME") or None}
 DATABASE_ROUTERS = ["fleet.harmony.HarmonyRouter"]
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -343,6 +368,22 @@ WARDEN = {
     # a real Curio node's heartbeat (WARDEN_DEMAND_SOURCE=curio), seconds: Curio updates
     # last_contact every 60 s; a node is live while its heartbeat is younger than 3 of them
     "CURIO_HEARTBEAT_S": envint("WARDEN_CURIO_HEARTBEAT_S", 60, minimum=1),
+    # the Filecoin network's genesis (unix seconds) and epoch length: the chain head epoch is
+    # (database now - genesis) / epoch, for PoRep due at seed_epoch + 3 (docs/curio.md "networks";
+    # mainnet 1598306400, calibnet 1667326380)
+    "CURIO_GENESIS_UNIX": envint("WARDEN_CURIO_GENESIS_UNIX", 1598306400, minimum=0),
+    "CURIO_EPOCH_S": envint("WARDEN_CURIO_EPOCH_S", 30, minimum=1),
+    # how long a launch takes to become a live worker until one has been measured, seconds
+    "CURIO_LOADING_S": envint("WARDEN_CURIO_LOADING_S", 600, minimum=0),
+    # the Curio database reads: statement and lock timeouts (server side), and the whole read's
+    # deadline on Warden's side (a frozen backend or network): each well inside the cycle
+    "CURIO_STATEMENT_TIMEOUT_S": CURIO_STATEMENT_TIMEOUT_S,
+    "CURIO_LOCK_TIMEOUT_S": CURIO_LOCK_TIMEOUT_S,
+    "CURIO_READ_DEADLINE_S": envfloat("WARDEN_CURIO_READ_DEADLINE_S", 30.0, minimum=0.5),
+    # Celery's time limits on the cycle tasks (soft: the task is interrupted and closes its run;
+    # hard: the worker process is killed), the last net under the timeouts above
+    "CYCLE_SOFT_TIME_LIMIT_S": envint("WARDEN_CYCLE_SOFT_TIME_LIMIT_S", 480, minimum=10),
+    "CYCLE_TIME_LIMIT_S": envint("WARDEN_CYCLE_TIME_LIMIT_S", 540, minimum=15),
     # caps
     "MAX_INSTANCES": envint("WARDEN_MAX_INSTANCES", 4, minimum=0),
     "MAX_DPH": envfloat("WARDEN_MAX_DPH", 10.0),

@@ -224,3 +224,63 @@ class FleetSample(models.Model):
 
     class Meta:
         ordering = ["-taken_at"]
+
+
+class ProofCredit(models.Model):
+    """One completed proof, credited to the instance whose worker made it, at the time it was
+    first seen (``fleet.proof_cost.record_proof_credits``, written at observe).
+
+    Keyed by Curio's ``harmony_task_history.id`` (``history_id``: assigned by the database in
+    insertion order). ``instance`` is ours when the proof's ``completed_by_host_and_port`` was the
+    address of exactly one Curio row whose ``machine_name`` named one of our instances (else null:
+    a node that is not ours, or one that cannot be told apart); it is kept when the instance stops
+    or is destroyed. ``gpu_name`` and ``dph`` are the instance's at that time. ``seconds`` is
+    ``work_end - work_start`` (both on the node's clock: their difference is sound); ``seen_at`` is
+    the database's clock at the read that first saw the proof — windows over credits use it, never
+    the node's ``work_end``.
+    """
+
+    history_id = models.BigIntegerField(unique=True)
+    task_id = models.BigIntegerField()
+    name = models.CharField(max_length=16)
+    instance = models.ForeignKey(Instance, null=True, blank=True, on_delete=models.SET_NULL, related_name="proof_credits")
+    worker_name = models.CharField(max_length=100, blank=True)
+    host_and_port = models.CharField(max_length=300, blank=True)
+    gpu_name = models.CharField(max_length=64, blank=True)
+    dph = models.FloatField(null=True)
+    seconds = models.FloatField(null=True)
+    work_end = models.DateTimeField(null=True)
+    seen_at = models.DateTimeField(db_index=True)
+    # the read before the one that saw it (database clock; null: none recorded): it ended between
+    seen_after = models.DateTimeField(null=True)
+
+    class Meta:
+        ordering = ["-seen_at", "-history_id"]
+        indexes = [models.Index(fields=["instance", "seen_at"])]
+
+
+class CurioRead(models.Model):
+    """The database's clock at a recorded read of Curio's task history (``at``): the boundaries
+    between which each credited proof ended (``ProofCredit.seen_after`` … ``seen_at``)."""
+
+    at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        ordering = ["-at"]
+
+
+class CurioNodeSeen(models.Model):
+    """What Warden saw of one Curio ``harmony_machines`` row over time (``machine_id``): its
+    ``host_and_port``, current ``machine_name`` and ``startup_time``, every name it carried
+    (``names``, oldest first, at most 20), when its name last changed and when its startup time
+    changed (``startups``, ISO times, at most 10). Read by ``fleet.demand.curio`` to tell when two
+    nodes share one row (``node_identity``)."""
+
+    machine_id = models.BigIntegerField(unique=True)
+    host_and_port = models.CharField(max_length=300, blank=True)
+    machine_name = models.CharField(max_length=200, blank=True)
+    startup_time = models.DateTimeField(null=True)
+    names = models.JSONField(default=list)
+    startups = models.JSONField(default=list)
+    name_changed_at = models.DateTimeField(null=True)
+    first_seen = models.DateTimeField()

@@ -1,11 +1,17 @@
-"""Dollars per proof for each GPU model, from the proofs our instances completed.
+"""Proofs credited to the machine that made them, and dollars per proof for each GPU model.
 
 Curio writes one ``harmony_task_history`` row per finished attempt, with the ``host:port`` of the
-node that ran it (curio.md; the demo worker writes the same rows). That address is mapped to a
-machine name through ``harmony_machines`` and ``harmony_machine_details``, the name to our
-instance (``worker_name``, else its id: the same mapping the demand reader uses) and the instance
-to its GPU model. Per model: the proofs counted in the window, their median seconds, the median
-GPU $/hr of the instances that proved them, and so the cost of one proof on a busy worker,
+node that ran it (filecoin-project/curio ``harmony/harmonytask/task_type_handler.go``, the
+completion record; the demo worker writes the same rows). At each observe the demand reader hands
+over the successful proofs recorded since the last one credited (by history ``id``, which the
+database assigns in insertion order); :func:`record_proof_credits` maps each proof's address to
+the one Curio row that has it, that row's ``machine_name`` to our instance (``worker_name``, else
+its id: the demand reader's mapping) and stores a :class:`fleet.models.ProofCredit` with the
+instance, its GPU model and $/hr at that time. The credit stays when the instance stops or is
+destroyed, so the Performance tab and the instance's timeline keep its proofs.
+
+Per GPU model (:func:`proof_costs`): the proofs credited in the window, their median seconds, the
+median GPU $/hr of the instances that proved them, and so the cost of one proof on a busy worker,
 ``$/hr × median s / 3600``.
 """
 
@@ -13,16 +19,13 @@ import statistics
 from dataclasses import dataclass
 from datetime import timedelta
 
-from django.conf import settings
-from django.db import DatabaseError
-from django.db.models import DurationField, ExpressionWrapper, F
-from django.db.models.functions import Now
+from django.db import Error as DbError
 
-from fleet.harmony import HarmonyMachine, HarmonyMachineDetails, HarmonyTaskHistory
+from fleet.clock import clock
 
 #: the window proofs are counted over
 WINDOW = timedelta(hours=24)
-#: at most this many of the newest proofs are read
+#: at most this many of the newest credits are read
 SAMPLE = 5000
 
 
@@ -39,14 +42,87 @@ class GpuProofCost:
     usd_per_proof: float | None
 
 
+#: read marks older than this are pruned
+MARKS_KEPT = timedelta(days=2)
+
+
+def record_proof_credits(proofs: list[dict], instances=(), read_at=None) -> int:
+    """Store a ``ProofCredit`` for each of ``proofs`` (the reader's ``new_proofs``: history id,
+    task id, name, address, ``worker`` name or '', ``seconds``, ``work_end``, ``seen_at``) that has
+    none yet; returns how many were stored. The worker name is matched to ``instances`` first,
+    then to any instance of ours with that name, the newest (killed ones included: a proof seen
+    after its machine was destroyed is still its). Two writers crediting the same proof store it
+    once (``history_id`` is unique).
+
+    ``read_at``: the database's clock at the read that found them; it is recorded as a
+    ``CurioRead`` mark (every proof recorded before it is now credited) and each credit's
+    ``seen_after`` is the mark before it — the two bound when the proof ended on the database's
+    clock (``fleet.demand.curio.node_clock_offsets``)."""
+    from django.db.models import Q
+
+    from fleet.models import CurioRead, Instance, ProofCredit
+
+    read_at = read_at or (proofs[0]["seen_at"] if proofs else None)
+    prev = None
+    if read_at is not None:
+        prev = CurioRead.objects.filter(at__lt=read_at).order_by("-at").values_list("at", flat=True).first()
+        CurioRead.objects.create(at=read_at)
+        CurioRead.objects.filter(at__lt=read_at - MARKS_KEPT).delete()  # the offsets look back a day
+    if not proofs:
+        return 0
+    by_name = {}
+    for inst in sorted(instances, key=lambda i: i.created_at):
+        by_name[inst.worker_name or inst.external_id] = inst
+    missing = {p["worker"] for p in proofs if p["worker"] and p["worker"] not in by_name}
+    if missing:
+        for inst in Instance.objects.filter(Q(worker_name__in=missing) | Q(worker_name="", external_id__in=missing)
+                                            ).order_by("created_at"):
+            by_name[inst.worker_name or inst.external_id] = inst
+    rows = []
+    for p in proofs:
+        inst = by_name.get(p["worker"]) if p["worker"] else None
+        rows.append(ProofCredit(
+            history_id=p["history_id"], task_id=p["task_id"], name=p["name"][:16], instance=inst,
+            worker_name=p["worker"][:100], host_and_port=p["host_and_port"][:300],
+            gpu_name=(inst.gpu_name if inst is not None else "")[:64], dph=inst.dph if inst is not None else None,
+            seconds=p["seconds"], work_end=p["work_end"], seen_at=p["seen_at"] or clock.now(), seen_after=prev,
+        ))
+    return len(ProofCredit.objects.bulk_create(rows, ignore_conflicts=True))
+
+
+def credit_new_proofs(source, instances=()) -> int:
+    """Credit the proofs ``source`` (a ``HarmonyDemandSource``) recorded since the last credited
+    one, outside an observe (the Performance tab shows up-to-date credits). Raises
+    ``django.db.Error`` when Curio's tables cannot be read."""
+    from django.conf import settings
+
+    from fleet.demand.curio import _name_proofs
+    from fleet.harmony import HarmonyMachine, HarmonyMachineDetails
+
+    names = list(settings.WARDEN["TASK_NAMES"])
+    proofs = source._new_proofs(names)
+    if not proofs:
+        return 0  # no mark either: nothing changed since the last one
+    machines = list(HarmonyMachine.objects.using(source.using).values("id", "host_and_port"))
+    details = list(HarmonyMachineDetails.objects.using(source.using).values("machine_id", "machine_name"))
+    hosts: dict[str, int] = {}
+    for m in machines:
+        hosts[m["host_and_port"] or ""] = hosts.get(m["host_and_port"] or "", 0) + 1
+    shared = {hp for hp, n in hosts.items() if n > 1}
+    return record_proof_credits(_name_proofs(proofs, machines, details, shared), instances, read_at=proofs[0]["seen_at"])
+
+
 def proof_costs(instances, window: timedelta = WINDOW, using: str | None = None) -> tuple[list[GpuProofCost], str]:
-    """(per-GPU costs, sorted cheapest first, then unmatched; error) for ``instances`` (``Instance``
-    rows, killed ones included: they proved while alive), read from the active demand source's
-    HarmonyDB (``fleet.demand.get_source()``; ``using`` overrides its alias). ``error`` is '' on
+    """(per-GPU costs, sorted cheapest first, then unmatched; error) over the proofs credited in
+    the last ``window`` (``ProofCredit.seen_at``, the database's clock when first seen; never a
+    node's ``work_end``). New proofs in the active demand source's HarmonyDB are credited first
+    (``instances`` helps match them; ``using`` overrides the source's alias). ``error`` is '' on
     success and says why nothing was measured otherwise (a demand source without HarmonyDB, or an
-    unreadable table): the list is then empty, never a row of zeros."""
+    unreadable table): the list is then empty, never a row of zeros. The GPU model and $/hr are
+    each credit's, recorded when the proof was seen: a stopped or destroyed instance keeps its."""
     from fleet.demand import DemandError, get_source
     from fleet.demand.curio import HarmonyDemandSource
+    from fleet.models import ProofCredit
 
     try:
         source = get_source()
@@ -54,34 +130,21 @@ def proof_costs(instances, window: timedelta = WINDOW, using: str | None = None)
         return [], str(exc)
     if not isinstance(source, HarmonyDemandSource):
         return [], f"the demand source in use ({type(source).__name__}) has no task history"
-    using = source.using if using is None else using
-    names = list(settings.WARDEN["TASK_NAMES"])
+    if using is not None:
+        source = HarmonyDemandSource(using=using, kind=source.kind)
     try:
-        spans = list(
-            HarmonyTaskHistory.objects.using(using)
-            .filter(result=True, name__in=names, work_end__gte=Now() - window, work_end__lte=Now())
-            .annotate(span=ExpressionWrapper(F("work_end") - F("work_start"), output_field=DurationField()))
-            .order_by("-work_end")
-            .values_list("completed_by_host_and_port", "span")[:SAMPLE]
-        )
-        machines = dict(HarmonyMachine.objects.using(using).values_list("id", "host_and_port"))
-        named = dict(HarmonyMachineDetails.objects.using(using).values_list("machine_id", "machine_name"))
-    except DatabaseError as exc:
+        credit_new_proofs(source, instances)
+    except DbError as exc:
         return [], f"task history unreadable: {str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}"
-    name_at = {hp: named.get(mid) for mid, hp in sorted(machines.items()) if named.get(mid)}
-    by_worker = {}
-    for inst in sorted(instances, key=lambda i: i.created_at):  # the newest instance of a name wins
-        by_worker[inst.worker_name or inst.external_id] = inst
+    credits = list(ProofCredit.objects.filter(seen_at__gte=clock.now() - window, seconds__gt=0)
+                   .order_by("-seen_at").values_list("instance_id", "gpu_name", "dph", "seconds")[:SAMPLE])
     seconds: dict[str, list[float]] = {}
     rates: dict[str, dict[int, float]] = {}
-    for hp, span in spans:
-        if span is None or span.total_seconds() <= 0:
-            continue
-        inst = by_worker.get(name_at.get(hp or "", ""))
-        gpu = (inst.gpu_name or "unknown GPU") if inst is not None else ""
-        seconds.setdefault(gpu, []).append(span.total_seconds())
-        if inst is not None:
-            rates.setdefault(gpu, {})[inst.pk] = inst.dph
+    for inst_id, gpu, dph, secs in credits:
+        gpu = (gpu or "unknown GPU") if inst_id is not None else ""
+        seconds.setdefault(gpu, []).append(secs)
+        if inst_id is not None and dph is not None:
+            rates.setdefault(gpu, {})[inst_id] = dph
     out = []
     for gpu, secs in seconds.items():
         med = statistics.median(secs)
@@ -89,3 +152,16 @@ def proof_costs(instances, window: timedelta = WINDOW, using: str | None = None)
         out.append(GpuProofCost(gpu, len(secs), med, dph, dph * med / 3600 if dph is not None else None))
     out.sort(key=lambda c: (c.usd_per_proof is None, c.usd_per_proof or 0, c.gpu_name))
     return out, ""
+
+
+def credited_proofs(since, until=None) -> dict[int | None, int]:
+    """How many proofs were credited to each instance id (None: not ours) with ``seen_at`` in
+    ``[since, until)`` (database clock)."""
+    from django.db.models import Count
+
+    from fleet.models import ProofCredit
+
+    qs = ProofCredit.objects.filter(seen_at__gte=since)
+    if until is not None:
+        qs = qs.filter(seen_at__lt=until)
+    return dict(qs.values_list("instance_id").annotate(n=Count("id")).order_by())

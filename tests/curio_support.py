@@ -87,8 +87,20 @@ class CurioDB:
             [number, precommitted, seed_epoch, task_id_porep, after_porep, failed],
         )
 
+    def head(self, genesis: int = 1598306400, epoch_s: int = 30) -> int:
+        """The chain head epoch on the database's clock for a network with ``genesis``."""
+        (epoch,), = self.sql("SELECT floor((extract(epoch FROM now()) - %s) / %s)::bigint", [genesis, epoch_s])
+        return epoch
+
+    def rename(self, machine_id: int, name: str) -> None:
+        """The node behind ``machine_id``'s address (re)started as ``name``: Curio's registration
+        updated the row it found by host_and_port and wrote its details afresh."""
+        self.sql("UPDATE harmony_machines SET last_contact = now() WHERE id = %s", [machine_id])
+        self.sql("UPDATE harmony_machine_details SET machine_name = %s, startup_time = clock_timestamp() "
+                 "WHERE machine_id = %s", [name, machine_id])
+
     @contextlib.contextmanager
-    def as_role(self, grants: list[str]):
+    def as_role(self, grants: list[str], usage: bool = True):
         """Read through a role holding only ``grants`` (SQL GRANT statements ending ``TO {role}``).
 
         The role name derives from the test database's (roles are cluster-wide). The session
@@ -97,7 +109,8 @@ class CurioDB:
         name = str(connections[self.alias].settings_dict["NAME"])[:40] + "_reader"
         self.sql(f"DROP ROLE IF EXISTS {name}")
         self.sql(f"CREATE ROLE {name} NOLOGIN")
-        self.sql(f"GRANT USAGE ON SCHEMA curio TO {name}")
+        if usage:
+            self.sql(f"GRANT USAGE ON SCHEMA curio TO {name}")
         for g in grants:
             self.sql(g.format(role=name))
         self.sql(f"SET ROLE {name}")
@@ -122,7 +135,9 @@ def curio_url_options(alias: str = "harmony") -> dict:
     url = f"postgres://{auth}@{cfg['HOST']}:{cfg['PORT']}/{cfg['NAME']}?search_path=curio"
     os.environ["WARDEN_TEST_CURIO_URL"] = url
     try:
-        return _db("WARDEN_TEST_CURIO_URL", Path("unused"))["OPTIONS"]
+        from console.settings import harmony_timeouts
+
+        return harmony_timeouts(_db("WARDEN_TEST_CURIO_URL", Path("unused"))["OPTIONS"])
     finally:
         del os.environ["WARDEN_TEST_CURIO_URL"]
 

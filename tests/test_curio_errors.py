@@ -184,7 +184,8 @@ def test_read_restarts_that_do_not_stop_are_unknown_saying_so(curio):  # noqa: F
 def test_curios_search_path_url_form_is_accepted(curio):  # noqa: F811
     options = curio_url_options()
 
-    assert options["options"] == "-c search_path=curio"
+    assert options["options"].startswith("-c search_path=curio ")
+    assert "-c statement_timeout=10000" in options["options"] and "-c lock_timeout=5000" in options["options"]
     assert curio.sql("SHOW search_path") == [("curio",)]  # the fixture connected with that URL
 
 
@@ -279,3 +280,71 @@ def test_unknown_worker_counts_do_not_resolve_a_workers_dead_alert(curio):  # no
 
     assert r.state == "ok" and r.workers_dead is None
     assert Alert.objects.get(kind="workers_dead").state == "firing"
+
+
+# -- column and schema privileges (issue: a read-only role granted exactly what Warden reads) ----------
+def column_grants(skip: tuple[tuple[str, str], ...] = ()) -> list[str]:
+    """Column-level SELECT on exactly the columns Warden reads, table by table (less ``skip``)."""
+    from fleet.demand.curio import NEEDED
+
+    return [f"GRANT SELECT ({', '.join(c for c in cols if (t, c) not in skip)}) ON curio.{t} TO {{role}}"
+            for t, cols in NEEDED.items()]
+
+
+def test_column_level_select_on_exactly_the_columns_read_is_enough(curio):  # noqa: F811
+    vast = curio.machine("vast-101", age_s=10)
+    curio.task("PoRep", owner=vast)
+    curio.task("PoRep")
+    curio.history(40)
+    curio.snap_sector(1)
+    curio.sdr_sector(10)
+    instance("vast-101")
+
+    with curio.as_role(column_grants()):
+        r = read_demand(instances())
+
+    assert r.state == "ok" and r.error == "" and r.unreadable == {}
+    assert (r.queued, r.running, r.backlog, r.workers_live, r.workers_dead) == (1, 1, 2, 1, 0)
+    assert r.proofs_hr is not None and r.proof_s == 40.0
+
+
+def test_the_rate_needs_task_id_and_a_missing_column_grant_names_the_exact_grant(curio):  # noqa: F811
+    curio.history(40)
+
+    with curio.as_role(column_grants(skip=(("harmony_task_history", "task_id"),))) as role:
+        r = read_demand([])
+
+    assert r.state == "ok" and r.queued == 0 and r.proofs_hr is None
+    assert (f"grant: role {role} may not read curio.harmony_task_history column(s) task_id "
+            f"(GRANT SELECT (task_id) ON curio.harmony_task_history TO {role}") in r.unreadable["proofs_hr"]
+
+
+def test_select_without_usage_on_schema_curio_names_the_usage_grant_not_the_search_path(curio):  # noqa: F811
+    with curio.as_role(select_on(*ALL_TABLES), usage=False) as role:
+        r = read_demand([])
+
+    assert r.state == "unknown"
+    assert f"grant: role {role} lacks USAGE on schema curio" in r.error
+    assert f"GRANT USAGE ON SCHEMA curio TO {role}" in r.error
+    assert "search_path" not in r.error
+
+
+# -- the first error, not the re-probe's -------------------------------------------------------------
+def test_a_server_restart_mid_read_reports_what_failed_first(curio):  # noqa: F811
+    import psycopg
+
+    assert read_demand([]).state == "ok"
+    conn = connections["harmony"]
+    (pid,), = curio.sql("SELECT pg_backend_pid()")
+    cfg = conn.settings_dict
+    with psycopg.connect(host=cfg["HOST"], port=cfg["PORT"], dbname=cfg["NAME"], user=cfg["USER"],
+                         password=cfg.get("PASSWORD") or None, autocommit=True) as other:
+        other.execute("SELECT pg_terminate_backend(%s)", [pid])  # what a server restart does to the session
+
+    r = read_demand([])
+    conn.close()
+
+    assert r.state == "unknown"
+    assert "reading harmony_machines failed" in r.error, r.error
+    assert "the connection is closed" not in r.error
+    assert read_demand([]).state == "ok"  # and the next read reconnects

@@ -20,13 +20,15 @@ def test_a_live_cordoned_row_without_a_name_counts_as_cordoned_not_dead(curio): 
     ]
 
 
-def test_a_live_row_without_a_name_keeps_a_rowless_instance_out_of_dead_but_is_not_live(curio):  # noqa: F811
+def test_a_live_row_without_a_name_keeps_a_rowless_instance_out_of_dead_and_counts_live(curio):  # noqa: F811
     curio.machine("", age_s=20, host="172.17.0.3:12300")
     instance("vast-103")
 
     r = read_demand(instances())
 
-    assert (r.workers_live, r.workers_cordoned, r.workers_dead) == (0, 0, 0)
+    # an unnamed live node proves our queue: a live worker (and capacity), matched to no instance
+    assert (r.workers_live, r.workers_unmatched_live, r.workers_cordoned, r.workers_dead) == (1, 1, 0, 0)
+    assert not r.workers["vast-103"].live  # never the instance's own liveness: no action targets the row
     assert len(r.unmatched) == 1 and r.unmatched[0]["host_and_port"] == "172.17.0.3:12300"
 
 
@@ -113,3 +115,52 @@ def test_a_rowless_instance_may_own_the_tasks_of_a_live_unnamed_row_so_its_stop_
     # not a live worker's tasks (no owned_tasks refusal), but a dead worker's: forced approval
     assert "still owns 1 task" in forced_approval("stop_instance", args, w)
     assert "still owns" in forced_approval("destroy_instance", args, w)
+
+
+def test_a_healthy_cluster_with_no_node_names_has_live_workers_and_no_emergency(curio):  # noqa: F811
+    """Issue: with CURIO_NODE_NAME set on no node every node proves, yet workers_live read 0 and the
+    "no live worker" rules (a P0 launch, starvation) fired. Unnamed live nodes are live workers and
+    capacity; they match no instance and no action targets them."""
+    from agent.lifecycle import starving
+    from agent.observe import read_and_record_demand
+    from agent.planners.rules import RulesPlanner
+    from agent.policy import effective_limits, effective_policy
+    from fleet.models import Alert, Instance
+
+    a = curio.machine("", age_s=20, host="10.0.0.1:12300")
+    b = curio.machine("", age_s=40, host="10.0.0.2:12300")
+    for owner in (a, b):
+        curio.task("PoRep", owner=owner)
+    for _ in range(6):
+        curio.task("PoRep")
+    instance("vast-301")
+    instance("vast-302")
+    pending = instance("vast-303", status="loading", started_s_ago=3 * 3600)  # a launch pending for 3 h
+    insts = instances()
+    w = World(insts, read_and_record_demand(insts), effective_limits(), effective_policy())
+
+    d = w.demand
+    assert (d.workers_live, d.workers_unmatched_live, d.workers_dead, d.running, d.queued) == (2, 2, 0, 2, 6)
+    assert not starving(Instance.objects.get(pk=pending.pk), w)
+    launches = [p for p in RulesPlanner().first_turn(w).calls if p.tool == "launch_instance"]
+    assert all(p.args["launch_priority"] != "P0" for p in launches)
+    assert not Alert.objects.filter(kind="workers_dead").exists()
+    view = World.demand_view(d)
+    assert view["workers_unmatched_live"] == 2 and view["workers_live"] == 2
+
+
+def test_twin_with_no_node_alive_the_emergency_stands(curio):  # noqa: F811
+    from agent.observe import read_and_record_demand
+    from agent.planners.rules import RulesPlanner
+    from agent.policy import effective_limits, effective_policy
+
+    curio.machine("", age_s=900, host="10.0.0.1:12300")  # unnamed and silent: not live
+    for _ in range(6):
+        curio.task("PoRep")
+    instance("vast-301")
+    insts = instances()
+    w = World(insts, read_and_record_demand(insts), effective_limits(), effective_policy())
+
+    assert (w.demand.workers_live, w.demand.workers_unmatched_live, w.demand.workers_dead) == (0, 0, 1)
+    launches = [p for p in RulesPlanner().first_turn(w).calls if p.tool == "launch_instance"]
+    assert launches and launches[0].args["launch_priority"] == "P0"

@@ -85,10 +85,23 @@ def cards_context() -> dict:
         # counts of a demand read that failed are unknown, never zero (invariant 7)
         counts_known=ctx["demand"] is not None and ctx["demand_state"] != "unknown",
         counts_stale=not ok and ctx["demand"] is not None and ctx["demand_state"] != "unknown",
+        backlog_next_due=_next_due(ctx["demand"]),
         last_run=Run.objects.order_by("-number").only("number", "status", "started_at", "trigger").first(),
         model_today=model_spend_today(),
     )
     return ctx
+
+
+def _next_due(sample):
+    """When the first SDR sector not due yet becomes due (aware datetime), from the sample's
+    ``detail["backlog_next_due_at"]`` (``agent.observe.backlog_view``); None when none waits."""
+    from datetime import datetime
+
+    raw = ((sample.detail or {}) if sample is not None else {}).get("backlog_next_due_at")
+    try:
+        return datetime.fromisoformat(raw) if raw else None
+    except (TypeError, ValueError):
+        return None
 
 
 def model_spend_today() -> dict:

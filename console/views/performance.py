@@ -19,7 +19,7 @@ from console.views.common import HtmxHttpRequest, _is_region, _page_context
 from fleet.clock import clock
 from fleet.cost import Spend, fleet_dph, instance_dph, spend_by_instance
 from fleet.models import DemandSample, FleetSample, Instance
-from fleet.proof_cost import proof_costs
+from fleet.proof_cost import credited_proofs, proof_costs
 
 #: the windows an operator can pick (hours), and the default
 WINDOWS = (6, 24, 72, 168)
@@ -81,6 +81,10 @@ def performance_context(hours: int) -> dict:
         for i in instances if i.killed_at is None or i.killed_at >= since
     ]
     costs, costs_error = proof_costs([i for i in instances if i.killed_at is None or i.killed_at >= since - timedelta(hours=24)])
+    # proofs credited to each instance when they completed: kept after it stops or is destroyed
+    credited = credited_proofs(since) if not costs_error else {}
+    for r in rows:
+        r["proofs"] = credited.get(r["inst"].pk, 0) if not costs_error else None
     burn = fleet_dph(live)
     counted = sum(i.dph for i in live)  # what the budget_cap guard counts: every live instance at its GPU rate
     return {
@@ -100,6 +104,7 @@ def performance_context(hours: int) -> dict:
         "stopped_destroy_h": limits.stopped_destroy_h,
         "proof_costs": costs,
         "proof_costs_error": costs_error,
+        "proofs_not_ours": credited.get(None, 0),
         "series": series(since),
         "chart_frame": {"since": _ms(since), "now": _ms(now), "max_dph": limits.max_dph,
                         "max_instances": limits.max_instances},

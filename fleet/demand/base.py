@@ -18,6 +18,9 @@ class WorkerView:
     owned_tasks: int = 0
     last_contact: datetime | None = None
     machine_id: int | None = None
+    #: why this worker's identity is in doubt ('' when it is not): Curio's rows cannot tell it
+    #: apart from another node (``node_identity``); its liveness is unknown then, never dead
+    identity: str = ""
 
 
 @dataclass
@@ -40,7 +43,13 @@ class DemandReading:
 
     ``backlog``: proving work waiting in Curio's pipeline tables with no queue row yet (Curio adds
     queue rows only while a node that can claim them is alive; SCENARIOS.md version 2, curio.md
-    §4) — demand like ``queued``, reported separately. ``proof_s``: measured median seconds per
+    §4) — demand like ``queued``, reported separately: the sectors that can be proved now plus those
+    that become provable within ``loading_s`` (the measured time from a launch to a live worker),
+    so that a machine is live when they are due. ``backlog_not_due``: SDR sectors whose PoRep is not
+    due yet (Curio queues it only once the chain reaches ``seed_epoch`` + 3); ``backlog_soon`` of
+    them fall within ``loading_s`` and are in ``backlog``; the rest count for nothing.
+    ``backlog_next_due_at``: when the first of them becomes due. ``chain_epoch``: the chain head
+    epoch the read used (database clock and the network's genesis). ``proof_s``: measured median seconds per
     proof per worker over the recent window (None: not measured); ``proof_s_by_worker`` and
     ``proof_s_by_gpu``: the same median per worker name and per GPU model (None: not measured).
     ``unmatched``: worker rows that
@@ -48,6 +57,12 @@ class DemandReading:
     ``{"machine_id", "host_and_port", "name", "live", "cordoned", "owned_tasks"}`` — reported, never
     counted dead (None: unknown). ``shared_hosts``: ``host_and_port`` values several rows share
     (Curio registers by it: such nodes share cordon flags), each with the row ids.
+    ``workers_unmatched_live``: live, not cordoned, proving-capable rows with no ``machine_name``
+    (``CURIO_NODE_NAME`` unset): counted in ``workers_live`` and as capacity, never matched to an
+    instance nor the target of an action (None: unknown).
+    ``node_identity``: instances whose Curio node cannot be told apart from another's (two nodes
+    behind one ``host_and_port`` share a row), each ``{"instance", "machine_id", "why"}``; their
+    worker's liveness is unknown, never dead.
     ``unreadable`` maps each field the source could not read this time (its value is None) to why;
     the rest of the reading stands. ``source``: the demand source that answered (``curio``,
     ``local``, ``http``, ``scenario``), set by ``fleet.demand.read_demand``.
@@ -63,6 +78,12 @@ class DemandReading:
     workers_starting: int | None = None
     proofs_hr: float | None = None
     backlog: int | None = None
+    backlog_not_due: int | None = None
+    backlog_soon: int | None = None
+    backlog_next_due_at: datetime | None = None
+    chain_epoch: int | None = None
+    loading_s: float | None = None
+    workers_unmatched_live: int | None = None
     proof_s: float | None = None
     proof_s_by_worker: dict[str, float] | None = None
     proof_s_by_gpu: dict[str, float] | None = None
@@ -75,6 +96,14 @@ class DemandReading:
     workers: dict[str, WorkerView] = field(default_factory=dict)
     unmatched: list[dict] | None = field(default_factory=list)
     shared_hosts: dict[str, list[int]] = field(default_factory=dict)
+    node_identity: list[dict] = field(default_factory=list)
+    #: successful proofs Curio recorded since the last credited one, for ``fleet.proof_cost``
+    #: (``record_proof_credits``): each {"history_id", "task_id", "name", "host_and_port",
+    #: "worker", "seconds", "work_end", "seen_at"}; ``seen_at`` is the database's clock at the read
+    new_proofs: list[dict] = field(default_factory=list)
+    #: the database's clock when the task history was read (None: not read); the instant credits
+    #: of this read are ``seen_at``
+    history_at: datetime | None = None
     unreadable: dict[str, str] = field(default_factory=dict)
     source: str = ""
 

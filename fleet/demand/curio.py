@@ -12,13 +12,19 @@ is reported as a schema problem naming the table, the column and the Curio migra
 it; a table the role cannot read as a missing grant.
 """
 
+import contextlib
+import math
+import os
+import socket
 import statistics
+import threading
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.db import DatabaseError, connections, transaction
-from django.db.models import Count, DurationField, ExpressionWrapper, F, Max
+from django.db import Error as DbError
+from django.db.models import Count, DurationField, ExpressionWrapper, F, Max, Min, Q
 from django.db.models.functions import Now
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
@@ -52,10 +58,11 @@ READ_ATTEMPTS = 4
 NEEDED: dict[str, dict[str, str | None]] = {
     "harmony_machines": {"id": None, "last_contact": None, "host_and_port": None,
                          "unschedulable": "20250111-machine-maintenance"},
-    "harmony_machine_details": {"machine_id": None, "tasks": None, "machine_name": "20240527-machine_name"},
+    "harmony_machine_details": {"machine_id": None, "tasks": None, "startup_time": None,
+                                "machine_name": "20240527-machine_name"},
     "harmony_task": {"id": None, "name": None, "owner_id": None, "posted_time": None},
-    "harmony_task_history": {"name": None, "work_start": None, "work_end": None, "result": None,
-                             "completed_by_host_and_port": None},
+    "harmony_task_history": {"id": None, "task_id": None, "name": None, "work_start": None, "work_end": None,
+                             "result": None, "completed_by_host_and_port": None},
     "sectors_snap_pipeline": {"after_encode": None, "task_id_prove": None, "after_prove": None},
     "sectors_sdr_pipeline": {"after_precommit_msg_success": None, "seed_epoch": None, "task_id_porep": None,
                              "after_porep": None, "failed": None},
@@ -72,19 +79,43 @@ TABLE_ADDED = {
 #: the reading's fields each table feeds; without the first two there is no reading at all
 ESSENTIAL = ("harmony_machines", "harmony_task")
 FEEDS = {
-    "harmony_machine_details": ("workers_live", "workers_dead", "workers_cordoned", "unmatched"),
+    "harmony_machine_details": ("workers_live", "workers_dead", "workers_cordoned", "unmatched",
+                                "workers_unmatched_live"),
     "harmony_task_history": ("proofs_hr", "proof_s", "proof_s_by_worker", "proof_s_by_gpu"),
     "sectors_snap_pipeline": ("backlog",),
-    "sectors_sdr_pipeline": ("backlog",),
+    "sectors_sdr_pipeline": ("backlog", "backlog_not_due"),
 }
 
+#: PoRep becomes due this many epochs after the sector's seed epoch: Curio's seal poller creates
+#: the PoRep task only once the chain head reaches ``seed_epoch + seedEpochConfidence``
+#: (filecoin-project/curio ``tasks/seal/poller.go``: ``seedEpochConfidence = 3``)
+SEED_CONFIDENCE = 3
+#: a row whose name changed, or whose startup_time changed twice, within this window is changing
+#: hands (two nodes behind one host_and_port: Curio's registration upserts by it)
+IDENTITY_WINDOW = timedelta(hours=6)
+
+# One row per table: found? (to_regclass on the search_path; else a schema named in the
+# search_path holding a table of that name, which a role without USAGE on the schema cannot
+# resolve), its schema, USAGE on that schema, its columns (pg_attribute: every column,
+# whatever the role may read) and the columns the role may SELECT (table or column privilege).
 _PG_PROBE = """
-SELECT r.name, c.oid IS NOT NULL, n.nspname, COALESCE(has_table_privilege(c.oid, 'SELECT'), false),
-       ARRAY(SELECT ic.column_name::text FROM information_schema.columns ic
-             WHERE ic.table_schema = n.nspname AND ic.table_name = r.name),
+SELECT r.name, c.oid IS NOT NULL, n.nspname,
+       COALESCE(has_schema_privilege(n.oid, 'USAGE'), false),
+       ARRAY(SELECT a.attname::text FROM pg_catalog.pg_attribute a
+             WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped),
+       ARRAY(SELECT a.attname::text FROM pg_catalog.pg_attribute a
+             WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+               AND has_column_privilege(c.oid, a.attnum, 'SELECT')),
        current_user, current_setting('search_path')
 FROM unnest(%s::text[]) AS r(name)
-LEFT JOIN pg_catalog.pg_class c ON c.oid = to_regclass(r.name)
+LEFT JOIN LATERAL (
+    SELECT COALESCE(to_regclass(r.name), (
+        SELECT k.oid FROM pg_catalog.pg_class k JOIN pg_catalog.pg_namespace kn ON kn.oid = k.relnamespace
+        WHERE k.relname = r.name AND k.relkind IN ('r', 'p', 'v')
+          AND kn.nspname = ANY(string_to_array(replace(current_setting('search_path'), ' ', ''), ','))
+        LIMIT 1)) AS oid
+) found ON true
+LEFT JOIN pg_catalog.pg_class c ON c.oid = found.oid
 LEFT JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 """
 
@@ -128,13 +159,73 @@ def harmony_unreadable(exc: Exception, alias: str = HARMONY_ALIAS) -> str:
     )
 
 
-def curio_unreadable(exc: Exception, alias: str = HARMONY_ALIAS, table: str = "") -> str:
-    """One line for an error reading a real Curio's database (no demo hints)."""
+def curio_unreadable(exc: Exception, alias: str = HARMONY_ALIAS, table: str = "", timed_out: float | None = None) -> str:
+    """One line for an error reading a real Curio's database (no demo hints). ``timed_out``: the
+    read's deadline (seconds) passed and ended it."""
     what = f"reading {table}" if table else "connecting"
+    if timed_out is not None:
+        return (f"Curio's database at {_where(alias)} (HARMONY_DATABASE_URL): {what} timed out: no answer within "
+                f"{timed_out:g} s (WARDEN_CURIO_READ_DEADLINE_S); a frozen server or network")
     line = f"Curio's database at {_where(alias)} (HARMONY_DATABASE_URL): {what} failed: {_first_line(exc)}"
     if sqlstate(exc) == "40001":
         line += f" (SQLSTATE 40001, a read restart: still failing after {READ_ATTEMPTS} attempts)"
-    return line
+    return line + _timeout_note(exc)
+
+
+#: SQLSTATEs of the harmony connection's own timeouts, and what each means
+_TIMEOUTS = {"57014": "statement_timeout", "55P03": "lock_timeout"}
+
+
+def _timeout_note(exc: Exception) -> str:
+    """What a server-side timeout means ('' for any other error)."""
+    kind = _TIMEOUTS.get(sqlstate(exc) or "")
+    if kind == "lock_timeout":
+        return (f" (SQLSTATE 55P03: a lock held longer than lock_timeout "
+                f"{settings.WARDEN['CURIO_LOCK_TIMEOUT_S']:g} s, e.g. a Curio migration's ALTER TABLE)")
+    if kind == "statement_timeout":
+        return f" (SQLSTATE 57014: longer than statement_timeout {settings.WARDEN['CURIO_STATEMENT_TIMEOUT_S']:g} s)"
+    return ""
+
+
+@contextlib.contextmanager
+def read_deadline(alias: str, seconds: float):
+    """Bound a read on ``alias`` to ``seconds`` of wall clock, whatever the server or network does.
+
+    The server-side ``statement_timeout`` and ``lock_timeout`` (set on the connection by
+    ``console.settings.harmony_timeouts``) and the TCP keepalives end most stuck reads; a frozen
+    backend or a proxy that stops forwarding answers neither. When the deadline passes, a timer
+    thread shuts the connection's socket down (the blocked call then fails at once) and the
+    yielded event is set; the connection is closed afterwards so the next read connects afresh.
+    PostgreSQL only (SQLite, the demo queue, is a local file)."""
+    wrapper = connections[alias]
+    fired = threading.Event()
+
+    def fire():
+        fired.set()
+        raw = wrapper.connection
+        if raw is None or wrapper.vendor != "postgresql":
+            return
+        try:
+            dup = socket.socket(fileno=os.dup(raw.fileno()))
+        except (OSError, ValueError, AttributeError):
+            return
+        try:
+            dup.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        finally:
+            dup.close()
+
+    timer = threading.Timer(seconds, fire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield fired
+    finally:
+        timer.cancel()
+        if fired.is_set():
+            with contextlib.suppress(Exception):
+                wrapper.close()
 
 
 def _is_read_restart(exc: BaseException) -> bool:
@@ -144,6 +235,84 @@ def _is_read_restart(exc: BaseException) -> bool:
 def _age(column: str) -> ExpressionWrapper:
     """``now() - column`` on the database's clock."""
     return ExpressionWrapper(Now() - F(column), output_field=DurationField())
+
+
+#: at most this many new proofs are credited per read (the rest on the next)
+CREDIT_BATCH = 5000
+#: history ids this far below the newest credited one are looked at again (a row committed late)
+CREDIT_LOOKBACK = 200
+#: the newest launches whose loading time is measured
+LOADING_SAMPLE = 20
+
+
+def chain_epoch(unix_s: float) -> int:
+    """The Filecoin chain head epoch at ``unix_s`` (seconds): ``floor((t - genesis) / epoch)``
+    with ``WARDEN["CURIO_GENESIS_UNIX"]`` (mainnet 1598306400 by default) and
+    ``WARDEN["CURIO_EPOCH_S"]`` (30). Filecoin produces one tipset per epoch at genesis + n × 30 s."""
+    w = settings.WARDEN
+    return math.floor((unix_s - w["CURIO_GENESIS_UNIX"]) / w["CURIO_EPOCH_S"])
+
+
+def epoch_time(epoch: int) -> datetime:
+    """When ``epoch`` begins (aware UTC): genesis + epoch × epoch length."""
+    w = settings.WARDEN
+    return datetime.fromtimestamp(w["CURIO_GENESIS_UNIX"] + epoch * w["CURIO_EPOCH_S"], UTC)
+
+
+#: node clock offsets are estimated from the credits of this long
+OFFSET_WINDOW = timedelta(hours=24)
+#: offsets beyond this are not corrected (a clock that wrong is a node to fix, not to model)
+OFFSET_LIMIT_S = 3600.0
+
+
+def node_clock_offsets() -> dict[str, float]:
+    """Each node's clock offset, seconds (node minus database), by ``host_and_port``, from the
+    proofs credited over ``OFFSET_WINDOW`` (``fleet.models.ProofCredit``).
+
+    A proof credited at read ``seen_at`` and not yet at the read before (``seen_after``) ended, on
+    the database's clock, between the two, so the node's offset lies in ``[work_end - seen_at,
+    work_end - seen_after)``; the intersection over its proofs narrows as proofs end at different
+    moments between reads. A node whose intersection holds 0 is taken as right (0); otherwise the
+    bound nearest 0 is its offset (the least correction the evidence demands). One aggregate query
+    on Warden's database."""
+    from fleet.models import ProofCredit
+
+    since = clock.now() - OFFSET_WINDOW
+    rows = (ProofCredit.objects.filter(seen_at__gte=since, work_end__isnull=False).exclude(host_and_port="")
+            .values("host_and_port")
+            .annotate(lo=Max(ExpressionWrapper(F("work_end") - F("seen_at"), output_field=DurationField())),
+                      hi=Min(ExpressionWrapper(F("work_end") - F("seen_after"), output_field=DurationField())))
+            .order_by())
+    out = {}
+    for r in rows:
+        lo = r["lo"].total_seconds() if r["lo"] is not None else None
+        hi = r["hi"].total_seconds() if r["hi"] is not None else None
+        offset = 0.0
+        if lo is not None and lo > 0:
+            offset = lo
+        elif hi is not None and hi < 0:
+            offset = hi
+        if offset and abs(offset) <= OFFSET_LIMIT_S:
+            out[r["host_and_port"]] = offset
+    return out
+
+
+def measured_loading_s() -> float:
+    """Seconds from a launch to a live worker: the median, over the ``LOADING_SAMPLE`` newest
+    instances that reached ``running`` (not adopted ones), of ``created_at`` to their first
+    ``running`` status change (``fleet.models.StatusChange``), plus the startup grace a worker has
+    to heartbeat (``WARDEN["STARTUP_GRACE_S"]``). Until one has been measured:
+    ``WARDEN["CURIO_LOADING_S"]``. One query on Warden's database."""
+    from fleet.models import StatusChange
+
+    rows = list(
+        StatusChange.objects.filter(status="running", instance__adopted_at__isnull=True)
+        .values("instance_id", "instance__created_at").annotate(first=Min("at")).order_by("-first")[:LOADING_SAMPLE]
+    )
+    spans = [max(0.0, (r["first"] - r["instance__created_at"]).total_seconds()) for r in rows]
+    if not spans:
+        return float(settings.WARDEN["CURIO_LOADING_S"])
+    return statistics.median(spans) + settings.WARDEN["STARTUP_GRACE_S"]
 
 
 class HarmonyDemandSource:
@@ -217,7 +386,7 @@ class HarmonyDemandSource:
             return cached
         try:
             found = self._retrying(self._probe_once)
-        except DatabaseError as exc:
+        except DbError as exc:
             raise DemandError(self._unreadable(exc)) from exc
         _probes[(self.using, self.kind)] = found
         return found
@@ -228,7 +397,7 @@ class HarmonyDemandSource:
             with conn.cursor() as cur:
                 cur.execute(_PG_PROBE, [list(NEEDED)])
                 rows = cur.fetchall()
-            found = Probe(role=rows[0][5], search_path=rows[0][6])
+            found = Probe(role=rows[0][6], search_path=rows[0][7])
             tables = {r[0]: r for r in rows}
         else:
             found = Probe(role="", search_path="")
@@ -237,22 +406,32 @@ class HarmonyDemandSource:
             with conn.cursor() as cur:
                 for t in NEEDED:
                     cols = [c.name for c in conn.introspection.get_table_description(cur, t)] if t in existing else []
-                    tables[t] = (t, t in existing, "main", t in existing, cols)
+                    tables[t] = (t, t in existing, "main", True, cols, cols)
         for table, cols_needed in NEEDED.items():
-            _, exists, schema, readable, columns = tables[table][:5]
+            _, exists, schema, usage, columns, readable = tables[table][:6]
             if not exists:
                 found.problems[table] = [self._missing_table(table, found)]
                 continue
             found.schemas[table] = schema
-            if not readable:
-                fq = f"{schema}.{table}"
+            role = found.role
+            if not usage:
                 found.problems[table] = [
-                    f"grant: role {found.role} may not read {fq} (GRANT SELECT ON {fq} TO {found.role})"
+                    f"grant: role {role} lacks USAGE on schema {schema}, which holds {table} "
+                    f"(GRANT USAGE ON SCHEMA {schema} TO {role})"
                 ]
                 continue
             missing = [c for c in cols_needed if c not in set(columns)]
             if missing:
                 found.problems[table] = [self._missing_column(table, schema, c, cols_needed[c]) for c in missing]
+                continue
+            # column-level SELECT is enough (has_table_privilege is false then): check each column
+            refused = [c for c in cols_needed if c not in set(readable)]
+            if refused:
+                fq = f"{schema}.{table}"
+                found.problems[table] = [
+                    f"grant: role {role} may not read {fq} column(s) {', '.join(refused)} "
+                    f"(GRANT SELECT ({', '.join(refused)}) ON {fq} TO {role}; or GRANT SELECT ON {fq} TO {role})"
+                ]
         return found
 
     def _missing_table(self, table: str, found: Probe) -> str:
@@ -283,9 +462,13 @@ class HarmonyDemandSource:
         return retrying(fn)
 
     def _unreadable(self, exc: Exception, table: str = "") -> str:
+        fired = getattr(self, "_deadline", None)
+        timed_out = settings.WARDEN["CURIO_READ_DEADLINE_S"] if fired is not None and fired.is_set() else None
         if self.kind == "curio":
-            return curio_unreadable(exc, self.using, table)
-        return harmony_unreadable(exc, self.using)
+            return curio_unreadable(exc, self.using, table, timed_out)
+        if timed_out is not None:
+            return f"harmony database unreadable ({_where(self.using)}: no answer within {timed_out:g} s); check HARMONY_DATABASE_URL"
+        return harmony_unreadable(exc, self.using) + _timeout_note(exc)
 
     def _fetch(self, table: str, fn, probe: Probe, unreadable: dict[str, str]):
         """``fn()`` (in a savepoint, retried on read restarts), or None with the table's fields
@@ -299,8 +482,14 @@ class HarmonyDemandSource:
                     return fn()
             try:
                 return self._retrying(attempt)
-            except DatabaseError as exc:
-                problems = self.probe(force=True).problems.get(table) or [self._unreadable(exc, table)]
+            except DbError as exc:
+                fired = getattr(self, "_deadline", None)
+                if fired is not None and fired.is_set():  # the connection is gone: no probe, no more reads
+                    raise DemandError(self._unreadable(exc, table)) from exc
+                try:
+                    problems = self.probe(force=True).problems.get(table) or [self._unreadable(exc, table)]
+                except DemandError:  # the probe failed too (the server went away): say what failed first
+                    raise DemandError(self._unreadable(exc, table)) from exc
         why = "; ".join(problems)
         if table in ESSENTIAL:
             raise DemandError(why)
@@ -309,7 +498,19 @@ class HarmonyDemandSource:
         return None
 
     def read(self, instances) -> DemandReading:
-        """Read demand for our non-killed ``instances`` (``fleet.models.Instance`` rows)."""
+        """Read demand for our non-killed ``instances`` (``fleet.models.Instance`` rows), within
+        ``WARDEN["CURIO_READ_DEADLINE_S"]`` (:func:`read_deadline`): a read that does not finish
+        in time raises :class:`DemandError` saying so."""
+        with read_deadline(self.using, settings.WARDEN["CURIO_READ_DEADLINE_S"]) as fired:
+            self._deadline, self._now = fired, None
+            try:
+                return self._read(instances)
+            except DbError as exc:  # a failure outside the per-table reads
+                raise DemandError(self._unreadable(exc)) from exc
+            finally:
+                self._deadline = None
+
+    def _read(self, instances) -> DemandReading:
         warden = settings.WARDEN
         names = list(warden["TASK_NAMES"])
         window = self.live_window()
@@ -326,17 +527,19 @@ class HarmonyDemandSource:
             .annotate(n=Count("id"), oldest=Max(_age("posted_time"))).order_by()
         ), probe, unreadable)
         details = self._fetch("harmony_machine_details", lambda: list(
-            HarmonyMachineDetails.objects.using(u).values("machine_id", "machine_name", "tasks")
+            HarmonyMachineDetails.objects.using(u).values("machine_id", "machine_name", "tasks", "startup_time")
         ), probe, unreadable)
         history = self._fetch("harmony_task_history", lambda: self._history(names), probe, unreadable)
         backlog_parts = []
         if "UpdateProve" in names:
             backlog_parts.append(self._fetch("sectors_snap_pipeline", lambda: SectorsSnapPipeline.objects.using(u).filter(
                 after_encode=True, after_prove=False, task_id_prove__isnull=True).count(), probe, unreadable))
+        sdr = None
+        loading = None
         if "PoRep" in names:
-            backlog_parts.append(self._fetch("sectors_sdr_pipeline", lambda: SectorsSdrPipeline.objects.using(u).filter(
-                after_precommit_msg_success=True, seed_epoch__isnull=False, task_id_porep__isnull=True,
-                after_porep=False, failed=False).count(), probe, unreadable))
+            loading = measured_loading_s()
+            sdr = self._fetch("sectors_sdr_pipeline", lambda: self._sdr_backlog(loading), probe, unreadable)
+            backlog_parts.append(None if sdr is None else sdr["due"] + sdr["soon"])
         backlog = None if None in backlog_parts else sum(backlog_parts)
 
         live_ids = {m["id"] for m in machines if m["age"] <= window}
@@ -364,13 +567,23 @@ class HarmonyDemandSource:
         counts = self._workers(instances, machines, details, live_ids, owned, names)
         proofs_hr = proof_s = by_worker = by_gpu = None
         if history is not None:
-            proofs_hr, proof_s, spans = history
+            proofs_hr, proof_s, spans = history[:3]
             by_worker, by_gpu = _per_worker(spans, machines, details, shared, instances)
+        new_proofs = []
+        if history is not None:
+            new_proofs = _name_proofs(history[3], machines, details, shared)
         return DemandReading(
             state="ok",
             queued=queued,
             running=running,
             backlog=backlog,
+            backlog_not_due=None if sdr is None else sdr["soon"] + sdr["later"],
+            backlog_soon=None if sdr is None else sdr["soon"],
+            backlog_next_due_at=None if sdr is None else sdr["next_due_at"],
+            chain_epoch=None if sdr is None else sdr["epoch"],
+            loading_s=loading,
+            new_proofs=new_proofs,
+            history_at=history[4] if history is not None else None,
             proofs_hr=proofs_hr,
             proof_s=proof_s,
             proof_s_by_worker=by_worker,
@@ -385,24 +598,105 @@ class HarmonyDemandSource:
             **counts,
         )
 
-    def _history(self, names: list[str]) -> tuple[float, float | None, list[tuple[str, float]]]:
-        """(current proofs per hour over ``RATE_WINDOW``, median seconds per proof or None, and the
-        ``(completed_by_host_and_port, seconds)`` of each proof in the sample), database clock."""
-        ok = HarmonyTaskHistory.objects.using(self.using).filter(result=True, name__in=names, work_end__lte=Now())
-        recent = ok.filter(work_end__gte=Now() - RATE_WINDOW).aggregate(n=Count("task_id"), oldest=Max(_age("work_start")))
+    def _history(self, names: list[str]) -> tuple[float, float | None, list[tuple[str, float]], list[dict], datetime]:
+        """(current proofs per hour over ``RATE_WINDOW``, median seconds per proof or None, the
+        ``(completed_by_host_and_port, seconds)`` of each proof in the sample, the successful proofs
+        recorded after the newest one Warden has credited, and the database's now).
+
+        The rate's window is on the database's clock: ``work_start``/``work_end`` are written on
+        each node's clock, so each node's proofs are shifted by its clock offset
+        (:func:`node_clock_offsets`, from the credits of earlier reads) before they are windowed.
+        Without an estimate (a node never seen before) the node's clock is taken as right."""
+        now = self._db_now()
+        ok = HarmonyTaskHistory.objects.using(self.using).filter(result=True, name__in=names)
+        offsets = node_clock_offsets()
+        slack = max([abs(o) for o in offsets.values()] + [0.0])
+        rows = list(ok.filter(work_end__gte=Now() - RATE_WINDOW - timedelta(seconds=slack),
+                              work_end__lte=Now() + timedelta(seconds=slack))
+                    .values_list("completed_by_host_and_port", "work_start", "work_end")[:CREDIT_BATCH])
+        start_of_window = now - RATE_WINDOW
+        n, oldest = 0, None
+        for hp, start, end in rows:
+            shift = timedelta(seconds=offsets.get(hp or "", 0.0))
+            end, start = end - shift, start - shift
+            if not start_of_window <= end <= now:
+                continue
+            n += 1
+            oldest = start if oldest is None or start < oldest else oldest
         rate = 0.0
-        if recent["n"]:
-            covered = min(RATE_WINDOW, recent["oldest"] or RATE_WINDOW).total_seconds()
-            rate = recent["n"] * 3600.0 / max(1.0, covered)
+        if n:
+            covered = min(RATE_WINDOW, now - oldest if oldest is not None else RATE_WINDOW).total_seconds()
+            rate = n * 3600.0 / max(1.0, covered)
         spans = list(
-            ok.filter(work_end__gte=Now() - PROOF_WINDOW)
+            ok.filter(work_end__gte=Now() - PROOF_WINDOW, work_end__lte=Now() + timedelta(seconds=slack))
             .annotate(span=ExpressionWrapper(F("work_end") - F("work_start"), output_field=DurationField()))
             .order_by("-work_end")
             .values_list("completed_by_host_and_port", "span")[:PROOF_SAMPLE]
         )
         spans = [(hp or "", s.total_seconds()) for hp, s in spans if s is not None and s.total_seconds() > 0]
         seconds = [x for _, x in spans]
-        return round(rate, 1), (statistics.median(seconds) if seconds else None), spans
+        return round(rate, 1), (statistics.median(seconds) if seconds else None), spans, self._new_proofs(names, now), now
+
+    def _new_proofs(self, names: list[str], now: datetime | None = None) -> list[dict]:
+        """Successful proofs with a history ``id`` above the newest credited one (the first read:
+        those of the last ``PROOF_WINDOW``), oldest first, at most ``CREDIT_BATCH``; each with
+        ``seen_at`` = ``now`` (the database's clock; read here when not given). History ids are
+        assigned by the database in insertion order, so no node's clock decides which rows are new."""
+        from fleet.models import ProofCredit
+
+        now = now or self._db_now()
+        last = ProofCredit.objects.aggregate(m=Max("history_id"))["m"]
+        rows = HarmonyTaskHistory.objects.using(self.using).filter(result=True, name__in=names)
+        # ids are taken at insert but committed in any order across nodes: look back a little (the
+        # same queries whether or not anything was credited yet: the count does not depend on it)
+        floor = (last if last is not None else 0) - CREDIT_LOOKBACK
+        done = set(ProofCredit.objects.filter(history_id__gt=floor).values_list("history_id", flat=True))
+        rows = rows.filter(id__gt=floor) if last is not None else rows.filter(work_end__gte=Now() - PROOF_WINDOW)
+        return [
+            {"history_id": r["id"], "task_id": r["task_id"], "name": r["name"],
+             "host_and_port": r["completed_by_host_and_port"] or "", "work_start": r["work_start"],
+             "work_end": r["work_end"], "seen_at": now}
+            for r in rows.order_by("id").values(
+                "id", "task_id", "name", "completed_by_host_and_port", "work_start", "work_end")[:CREDIT_BATCH + len(done)]
+            if r["id"] not in done
+        ][:CREDIT_BATCH]
+
+    def _db_now(self) -> datetime:
+        """The database's clock (``CURRENT_TIMESTAMP``), aware UTC; read once per read."""
+        cached = getattr(self, "_now", None)
+        if cached is not None and getattr(self, "_deadline", None) is not None:
+            return cached
+        with connections[self.using].cursor() as cur:
+            cur.execute("SELECT CURRENT_TIMESTAMP")
+            value = cur.fetchone()[0]
+        if isinstance(value, str):  # SQLite: 'YYYY-MM-DD HH:MM:SS' in UTC
+            value = datetime.fromisoformat(value)
+        self._now = value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+        return self._now
+
+    def _sdr_backlog(self, loading_s: float) -> dict:
+        """Sectors waiting for PoRep in ``sectors_sdr_pipeline`` (precommit landed, seed epoch set,
+        no PoRep task, not proved, not failed), split by when Curio will queue their PoRep: at chain
+        head ``seed_epoch + SEED_CONFIDENCE`` (Curio ``tasks/seal/poller.go``). The head is
+        :func:`chain_epoch` of the database's clock. Returns ``{"due": provable now, "soon": due
+        within ``loading_s`` seconds, "later": due after that, "next_due_at": when the first
+        not-yet-due one becomes due (aware UTC) or None, "epoch": the head}``."""
+        now = self._db_now().timestamp()
+        head = chain_epoch(now)
+        due_max = head - SEED_CONFIDENCE
+        soon_max = chain_epoch(now + loading_s) - SEED_CONFIDENCE
+        agg = SectorsSdrPipeline.objects.using(self.using).filter(
+            after_precommit_msg_success=True, seed_epoch__isnull=False, task_id_porep__isnull=True,
+            after_porep=False, failed=False,
+        ).aggregate(
+            due=Count("seed_epoch", filter=Q(seed_epoch__lte=due_max)),
+            soon=Count("seed_epoch", filter=Q(seed_epoch__gt=due_max, seed_epoch__lte=soon_max)),
+            later=Count("seed_epoch", filter=Q(seed_epoch__gt=soon_max)),
+            first=Min("seed_epoch", filter=Q(seed_epoch__gt=due_max)),
+        )
+        first = agg["first"]
+        return {"due": agg["due"], "soon": agg["soon"], "later": agg["later"], "epoch": head,
+                "next_due_at": None if first is None else epoch_time(first + SEED_CONFIDENCE)}
 
     def _workers(self, instances, machines, details, live_ids, owned, names) -> dict:
         """The worker fields of the reading (see the class docstring)."""
@@ -460,7 +754,12 @@ class HarmonyDemandSource:
             gone = destroyed_worker_names(named) - ours
             unmatched = [x for x in unmatched if x["name"] not in gone]
 
-        expected = live = cordoned = norow = starting = 0
+        # instances we want running whose name is on no row: a node may be working under another's row
+        rowless = {i.worker_name or i.external_id for i in instances
+                   if getattr(i, "killed_at", None) is None and (getattr(i, "intended_status", "") or "running") == "running"
+                   and not in_grace(i) and (i.worker_name or i.external_id) not in workers}
+        doubts = _identity_doubts(machines, detail_of, ours, rowless)
+        expected = live = cordoned = norow = starting = doubted = 0
         for inst in running:
             name = inst.worker_name or inst.external_id
             view = workers.get(name)
@@ -470,18 +769,27 @@ class HarmonyDemandSource:
                 continue
             expected += 1
             if view is None:
-                workers[name] = WorkerView(name=name, live=False)
-                norow += 1
+                workers[name] = WorkerView(name=name, live=False, identity=doubts.get(name, {}).get("why", ""))
+                if name in doubts:
+                    doubted += 1  # liveness unknown: another node may be working under its row
+                else:
+                    norow += 1
             elif view.live and view.unschedulable:
                 cordoned += 1
             elif view.live:
                 live += 1
+            if name in doubts and view is not None:
+                view.identity = doubts[name]["why"]
+        for name, d in doubts.items():  # e.g. one the provider shows exited or in error: still in doubt
+            workers.setdefault(name, WorkerView(name=name, live=False, identity=d["why"]))
         # an instance without a row of its own may be an unnamed live row (CURIO_NODE_NAME unset)
         stand_ins = sorted(
             (x for x in unmatched if not x["name"] and x["live"]), key=lambda x: (not x["cordoned"], x["machine_id"])
         )[:norow]
         cordoned += sum(1 for x in stand_ins if x["cordoned"])
         unnamed_live = sum(1 for x in stand_ins if not x["cordoned"])
+        # every live unnamed proving row is a worker proving our queue: live, and capacity
+        unmatched_live = sum(1 for x in unmatched if not x["name"] and x["live"] and not x["cordoned"])
         # which instance an unnamed row is cannot be known: each row-less instance may own its tasks
         maybe_owned = sum(x["owned_tasks"] for x in unmatched if not x["name"] and x["live"])
         if maybe_owned:
@@ -491,13 +799,102 @@ class HarmonyDemandSource:
                     view.owned_tasks = maybe_owned
         return {
             "workers_expected": expected,
-            "workers_live": live,
+            "workers_live": live + unmatched_live,
+            "workers_unmatched_live": unmatched_live,
             "workers_cordoned": cordoned,
-            "workers_dead": expected - live - cordoned - unnamed_live,
+            "workers_dead": expected - live - cordoned - unnamed_live - doubted,
             "workers_starting": starting,
             "workers": workers,
             "unmatched": unmatched,
+            "node_identity": [{"instance": n, **d} for n, d in sorted(doubts.items())],
         }
+
+
+def _identity_doubts(machines, detail_of: dict, ours: set[str], rowless: set[str]) -> dict[str, dict]:
+    """Our instances whose Curio node cannot be told apart from another's: ``{worker name:
+    {"machine_id", "why"}}``.
+
+    Curio's registration updates whatever ``harmony_machines`` row has the node's ``host_and_port``
+    and inserts only when none does (filecoin-project/curio ``harmony/resources/resources.go``,
+    ``Register``), then writes the details row with its name and ``startup_time``. Two nodes
+    behind one address (a Docker bridge address such as 172.17.0.2:12300) therefore share one row,
+    which carries the name of whichever started last. Seen from here: an expected instance with no
+    row (``rowless``) while a row's name has changed, or its ``startup_time`` changed twice, within
+    ``IDENTITY_WINDOW`` — or while a row once named after it now carries another name. Both that
+    instance and the one the row is named after are in doubt. The rows' names and startup times
+    are kept in ``fleet.models.CurioNodeSeen`` (updated here, one read and at most two bulk writes
+    on Warden's database)."""
+    from fleet.models import CurioNodeSeen
+
+    now = clock.now()
+    seen = {r.machine_id: r for r in CurioNodeSeen.objects.filter(machine_id__in=[m["id"] for m in machines])}
+    new, changed = [], []
+    for m in machines:
+        d = detail_of.get(m["id"])
+        if d is None:
+            continue
+        name, started = d.get("machine_name") or "", d.get("startup_time")
+        row = seen.get(m["id"])
+        if row is None:
+            row = CurioNodeSeen(machine_id=m["id"], host_and_port=m["host_and_port"] or "", machine_name=name,
+                                startup_time=started, names=[name] if name else [], first_seen=now, startups=[])
+            seen[m["id"]] = row
+            new.append(row)
+            continue
+        if row.machine_name != name or row.startup_time != started:
+            if row.machine_name != name:
+                row.name_changed_at = now
+                if name and name not in row.names:
+                    row.names = [*row.names, name][-20:]
+            if row.startup_time != started:
+                row.startups = [t for t in [*row.startups, now.isoformat()][-10:]]
+            row.machine_name, row.startup_time, row.host_and_port = name, started, m["host_and_port"] or ""
+            changed.append(row)
+    if new:
+        CurioNodeSeen.objects.bulk_create(new, ignore_conflicts=True)
+    if changed:
+        CurioNodeSeen.objects.bulk_update(changed, ["machine_name", "startup_time", "host_and_port", "names",
+                                                    "name_changed_at", "startups"])
+    if not rowless:
+        return {}
+    since = now - IDENTITY_WINDOW
+    doubts: dict[str, dict] = {}
+    for row in seen.values():
+        if row.machine_id not in detail_of:
+            continue
+        host = row.host_and_port or "no host:port"
+        starts = [t for t in row.startups if datetime.fromisoformat(t) >= since]
+        hands = (row.name_changed_at is not None and row.name_changed_at >= since) or len(starts) >= 2
+        formerly = [n for n in row.names if n != row.machine_name and n in rowless]
+        if not (hands or formerly):
+            continue
+        what = (f"Curio row {row.machine_id} ({host}) was named {', '.join(formerly)} and now carries "
+                f"{row.machine_name or 'no name'}" if formerly else
+                f"Curio row {row.machine_id} ({host}) keeps changing hands (now {row.machine_name or 'no name'}, "
+                f"{len(starts)} restarts in {IDENTITY_WINDOW.total_seconds() / 3600:g} h)")
+        why = f"{what}: two nodes may share it behind one host_and_port; give each node a unique listen address"
+        for n in (formerly or sorted(rowless)):
+            doubts.setdefault(n, {"machine_id": row.machine_id, "why": why})
+        if row.machine_name in ours:
+            doubts.setdefault(row.machine_name, {"machine_id": row.machine_id, "why": why})
+    return doubts
+
+
+def _name_proofs(proofs: list[dict], machines, details, shared) -> list[dict]:
+    """``proofs`` (``_new_proofs``) with ``worker``: the ``machine_name`` of the one row with their
+    ``completed_by_host_and_port`` ('' when no row, several rows or no name has it: Curio's history
+    names the node's address, not the node) and ``seconds``."""
+    name_of_id = {d["machine_id"]: d.get("machine_name") or "" for d in (details or [])}
+    name_of_host = {}
+    for m in machines:
+        hp = m["host_and_port"] or ""
+        if hp and hp not in shared and name_of_id.get(m["id"]):
+            name_of_host[hp] = name_of_id[m["id"]]
+    out = []
+    for p in proofs:
+        span = (p["work_end"] - p["work_start"]).total_seconds() if p["work_end"] and p["work_start"] else None
+        out.append({**p, "worker": name_of_host.get(p["host_and_port"], ""), "seconds": span})
+    return out
 
 
 def _per_worker(spans, machines, details, shared, instances) -> tuple[dict | None, dict | None]:
