@@ -52,10 +52,12 @@ class ModelError(Exception):
     answer with such a code or none), ``permanent`` or ``context_length`` (the prompt exceeds the
     server's window); ``attempts``: how many requests were made."""
 
-    def __init__(self, message: str, *, kind: str = "permanent", attempts: int = 1):
+    def __init__(self, message: str, *, kind: str = "permanent", attempts: int = 1, window: int | None = None):
         super().__init__(message)
         self.kind = kind
         self.attempts = attempts
+        #: for ``context_length``: the window the server's answer names, when it names one
+        self.window = window
 
 
 @dataclass(frozen=True)
@@ -167,6 +169,16 @@ def is_context_length(exc: BaseException) -> bool:
         return False
     text = (exc.response.text if exc.response is not None else str(exc)).lower()
     return any(w in text for w in _CONTEXT_WORDS)
+
+
+def _named_window(exc: openai.APIStatusError) -> int | None:
+    """The window a context-length answer names ("maximum context length is 8192 tokens", vLLM and
+    OpenAI; "n_ctx: 8192" / "context size (8192)", llama.cpp), or ``None``."""
+    import re
+
+    text = exc.response.text if exc.response is not None else str(exc)
+    m = re.search(r"(?:maximum context length is|n_ctx\W{0,4}|context size\W{0,4})\s*(\d{3,7})", text, re.I)
+    return int(m.group(1)) if m else None
 
 
 def transient(exc: BaseException) -> bool:
@@ -395,7 +407,7 @@ def chat(cfg: ModelConfig, messages: list[dict], tools: list[dict], *, run=None,
             _record(run, cfg, shown, status=f"http_{exc.status_code}", response=exc.response.text, error=str(exc), t0=t0)
             if is_context_length(exc):
                 raise ModelError(f"HTTP {exc.status_code}: the prompt exceeds the model's context window",
-                                 kind="context_length", attempts=attempts) from None
+                                 kind="context_length", attempts=attempts, window=_named_window(exc)) from None
             raise
         except _BadStream as exc:
             _record(run, cfg, shown, status="bad_stream", response=exc.seen, error=str(exc), t0=t0)

@@ -79,6 +79,14 @@ def turn_from_message(message: dict) -> Turn:
     return Turn(calls=calls, text=text, batch=len(calls) > 1)
 
 
+def _remember_window(cfg: ModelConfig, window: int) -> None:
+    """Keep the window a server's context-length answer named, for this process's later budgets."""
+    from agent import model_client
+
+    if cfg.context_tokens <= 0:
+        model_client._WINDOWS[(cfg.base_url, cfg.model)] = (window, "the server's context-length answer")
+
+
 class LlmPlanner(Planner):
     """Plans with the model ``config`` (default: the settings'); falls back to ``RulesPlanner``
     for the rest of the cycle after the model failed (see the module docstring)."""
@@ -182,22 +190,39 @@ class LlmPlanner(Planner):
 
     def _ask(self, ctx):
         """One request, within the run's wall clock; a context-length answer shrinks the budget and
-        asks again (at most :data:`SHRINKS` times). Raises ModelError / SecretReferenceError."""
+        asks again (at most :data:`SHRINKS` times): to the window the answer names, less
+        ``max_tokens``, the tool schemas and a margin, or else to :data:`SHRINK_FACTOR` of what was
+        sent. Raises ModelError (also when the system prompt alone cannot fit) /
+        SecretReferenceError."""
         budget = None
         for shrink in range(SHRINKS + 1):
             left = ctx.limits.wall_clock_s - (clock.monotonic() - ctx.breakers.started)
             try:
-                return chat(self.config, self.messages(ctx, budget), tool_schemas(), run=ctx.run,
-                            on_delta=self.on_delta, time_left_s=left)
+                messages = self.messages(ctx, budget)
+            except ValueError as exc:  # the system prompt alone does not fit (agent.context.assemble)
+                raise ModelError(f"the context does not fit the model's window: {exc}", kind="permanent") from None
+            try:
+                return chat(self.config, messages, tool_schemas(), run=ctx.run, on_delta=self.on_delta, time_left_s=left)
             except ModelError as exc:
                 if exc.kind != "context_length" or shrink == SHRINKS:
                     raise
-                budget = max(512, int((budget or self.budget()) * SHRINK_FACTOR))
+                sent = self._estimated
+                if exc.window:
+                    _remember_window(self.config, exc.window)
+                    budget = min(self.budget(), int(sent * SHRINK_FACTOR))
+                else:
+                    budget = int(sent * SHRINK_FACTOR)
                 LEARNT_BUDGET[(self.config.base_url, self.config.model)] = budget
                 ctx.new_step(kind="message", actor="system", turn=ctx.turn_index,
-                             text=f"The model's server said the prompt exceeds its context window; "
+                             text=f"The model's server said the prompt (~{sent} tokens) exceeds its context window; "
                                   f"asking again within {budget} tokens")
         raise AssertionError("unreachable")
+
+    def chat_answer(self, ctx) -> str:
+        """A chat run's answer when it parks or halts before the final turn: the rules planner's
+        answer from the observed state after a fallback (it says the model failed, and how),
+        else "" (the loop adds the runtime's note of what the rails did)."""
+        return self.fallback.chat_answer(ctx) if self.fallback is not None else ""
 
     def exhausted(self, ctx) -> bool:
         return self.fallback is not None and self.fallback.exhausted(ctx)
