@@ -186,8 +186,8 @@ def rails_note(steps) -> str:
     ``steps``: the run's ``agent.models.Step`` rows in order. One line per call that was refused or
     halted (reason code and detail), parked for approval (the approval and its expiry, from the
     step's detail), rejected or left to expire — issue 7 §2: when the rails refuse or park an
-    instruction, the answer says so and why, whatever the model wrote. Returns "" when every call
-    ran (or none was made).
+    instruction, the answer says so and why, whatever the model wrote. The same line twice is said
+    once with its count ("(×3)"). Returns "" when every call ran (or none was made).
     """
     lines = []
     for s in steps:
@@ -199,7 +199,12 @@ def rails_note(steps) -> str:
             lines.append(f"- {_call(s)} was not run: it needs an operator's approval — {s.detail}")
         elif s.outcome in ("rejected", "expired"):
             lines.append(f"- {_call(s)} was not run: {s.detail or s.outcome}")
-    return (RAILS_HEAD + "\n" + "\n".join(lines)) if lines else ""
+    if not lines:
+        return ""
+    counted: dict[str, int] = {}  # the same refusal said once, with how many times (a model may repeat a call)
+    for line in lines:
+        counted[line] = counted.get(line, 0) + 1
+    return RAILS_HEAD + "\n" + "\n".join(f"{line} (×{n})" if n > 1 else line for line, n in counted.items())
 
 
 def model_words(answer: str) -> str:

@@ -501,3 +501,65 @@ def test_breaker_tripped_is_one_alert_per_code_with_a_count_resolved_by_a_clean_
             run_cycle("test", planner=LlmPlanner(ModelConfig(base_url=standin.base_url, model="standin")))
     alert.refresh_from_db()
     assert alert.state == "resolved"
+
+
+# --- a real server, when one is named ------------------------------------------------------------
+REAL = __import__("os").environ.get("WARDEN_TEST_MODEL_URL", "")
+
+
+@pytest.mark.model
+@pytest.mark.skipif(not REAL, reason="WARDEN_TEST_MODEL_URL is not set")
+@pytest.mark.django_db
+def test_a_real_server_accepts_the_request_shape_with_a_call_in_the_history():
+    """The shape the stand-in's quirks test, against the real thing: tools with tool_choice, a
+    history holding an assistant call (content ""), streamed; each answer is an answer or a
+    recorded failed request, never an exception other than ModelError."""
+    import os
+
+    run = _run()
+    cfg = ModelConfig(base_url=REAL, model=os.environ.get("WARDEN_TEST_MODEL_NAME", "local"), timeout_s=180, max_tokens=64)
+    for messages in (HISTORY[:2], HISTORY):
+        try:
+            reply = chat(cfg, messages, tool_schemas(), run=run, on_delta=lambda k, t: None)
+        except ModelError:
+            continue
+        turn = turn_from_message(reply.message)
+        assert turn.text is not None or turn.calls
+    assert ModelCall.objects.filter(run=run).exclude(status__in=["http_500"]).exists()
+    assert context_window(cfg) > 0
+
+
+# --- 8. demand is not STALE while the run that read it is still at work ---------------------------
+@pytest.mark.django_db
+@pytest.mark.parametrize("run_started_min_ago, shown", [(4, "demand: OK"), (None, "demand: STALE"), (2, "demand: STALE")])
+def test_demand_read_by_a_run_still_at_work_is_not_stale(client, alice, settings, run_started_min_ago, shown):
+    """A 3-minute-old read at a 60 s heartbeat: OK while the run that took it (started before it)
+    is still running; STALE with no run at work, or when the running run started after the read."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from fleet.models import DemandSample
+
+    settings.WARDEN = {**settings.WARDEN, "OBSERVE_INTERVAL_S": 60}
+    now = timezone.now()
+    if run_started_min_ago is not None:
+        Run.objects.create(number=7, trigger="chat", planner="llm", status="running",
+                           started_at=now - timedelta(minutes=run_started_min_ago))
+    DemandSample.objects.create(taken_at=now - timedelta(minutes=3), state="ok", queued=3, running=0,
+                                workers_expected=1, workers_live=1, workers_dead=0)
+    client.force_login(alice)
+    assert shown in client.get("/").content.decode()
+
+
+def test_the_chat_answer_says_a_repeated_refusal_once_with_its_count():
+    from agent.chat_answer import rails_note
+
+    same = [Step(kind="call", outcome="refused", tool="stop_instance", args={"instance_id": "v-1"},
+                 reason_code="demand_guard", detail="5 tasks queued") for _ in range(3)]
+    other = Step(kind="call", outcome="refused", tool="stop_instance", args={"instance_id": "v-2"},
+                 reason_code="demand_guard", detail="5 tasks queued")
+    note = rails_note(same + [other])
+    assert note.count("stop_instance v-1 was refused") == 1 and "(demand_guard): 5 tasks queued (×3)" in note
+    assert "stop_instance v-2 was refused by the rails (demand_guard): 5 tasks queued" in note.splitlines()[-1]
+    assert not note.splitlines()[-1].endswith(")")
