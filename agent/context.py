@@ -7,9 +7,9 @@ carries ``tool_calls`` and is followed by one ``tool`` message per call):
 - runs skipped in the prompt (``Run.included_in_prompt`` false: no-op verdicts) are left out,
   except the current run;
 - operator messages are ``user`` messages; each run's final answer is kept, and so are the text
-  turns of the run being planned, each followed by a runtime note that it ended nothing (no tool
-  call, no verdict): the model sees its own last words and what the runtime made of them, instead
-  of the identical prompt again; earlier runs' intermediate text is dropped;
+  turns of the run being planned while it has no answer yet, each followed by a runtime note that
+  it ended nothing (no tool call, no verdict): the model sees its own last words and what the
+  runtime made of them, instead of the identical prompt again; other intermediate text is dropped;
 - every observation — tool results, the runtime's world snapshot, monitor actions — is wrapped
   by :func:`agent.untrusted.as_data` (delimited, labelled untrusted data);
 - only the newest world snapshot (an ``observe`` step) is kept; older ones are stale;
@@ -275,7 +275,7 @@ def _render(runs: dict[int, int], steps: list[dict], answers: dict[int, str],
             if answers.get(s["run_id"]) and s["text"] == answers[s["run_id"]]:
                 units.append([{"role": "assistant", "content": s["text"], "_step": s["id"],
                                "_line": f"agent answered (run {number}): {_clip(without_verdicts(s['text']))}"}])
-            elif current is not None and s["run_id"] == current and s["actor"] == "agent":
+            elif current is not None and s["run_id"] == current and s["actor"] == "agent" and not answers.get(current):
                 units.append([{"role": "assistant", "content": s["text"] or "(an empty answer)", "_step": s["id"],
                                "_line": f"agent said (run {number}): {_clip(s['text'])}"},
                               {"role": "user", "content": TEXT_TURN_NOTE}])
