@@ -477,11 +477,16 @@ DEFAULT_CONTEXT_TOKENS = 8192
 _WINDOWS: dict[tuple[str, str], tuple[int, str]] = {}
 
 
+class _NoAnswer(Exception):
+    """The server did not answer the metadata requests at all (asked again next time)."""
+
+
 def _window_from_server(cfg: ModelConfig) -> tuple[int, str] | None:
     """``(tokens, where)`` from the server's own metadata, or ``None`` when it says nothing:
     llama.cpp's ``GET /props`` (``default_generation_settings.n_ctx``, or ``n_ctx``), then the
     model's entry of ``GET /v1/models``: ``max_model_len`` (vLLM), ``context_length``
-    (OpenRouter), ``meta.n_ctx`` or ``meta.n_ctx_train`` (llama.cpp). Errors are ignored."""
+    (OpenRouter), ``meta.n_ctx`` or ``meta.n_ctx_train`` (llama.cpp). Raises :class:`_NoAnswer`
+    when the server could not be reached (the answer is then not remembered)."""
     import httpx
 
     base = cfg.base_url.rstrip("/")
@@ -506,7 +511,9 @@ def _window_from_server(cfg: ModelConfig) -> tuple[int, str] | None:
                                      ("meta.n_ctx", meta.get("n_ctx")), ("meta.n_ctx_train", meta.get("n_ctx_train"))):
                         if isinstance(n, int) and n > 0:
                             return n, f"the server's /models {where}"
-    except (httpx.HTTPError, ValueError, AttributeError, SecretReferenceError):
+    except (httpx.TransportError, SecretReferenceError):
+        raise _NoAnswer() from None
+    except (httpx.HTTPError, ValueError, AttributeError):
         return None
     return None
 
@@ -514,14 +521,18 @@ def _window_from_server(cfg: ModelConfig) -> tuple[int, str] | None:
 def context_window(cfg: ModelConfig, *, with_source: bool = False):
     """The model's context window in tokens: ``WARDEN_MODEL_CONTEXT_TOKENS`` when set, else what the
     server says (:func:`_window_from_server`, read once per process), else
-    :data:`DEFAULT_CONTEXT_TOKENS`. ``with_source``: return ``(tokens, where it came from)``."""
+    :data:`DEFAULT_CONTEXT_TOKENS` (a server that did not answer is asked again next time).
+    ``with_source``: return ``(tokens, where it came from)``."""
     if cfg.context_tokens > 0:
         found = (cfg.context_tokens, "WARDEN_MODEL_CONTEXT_TOKENS")
     else:
         key = (cfg.base_url, cfg.model)
-        if key not in _WINDOWS:
-            _WINDOWS[key] = _window_from_server(cfg) or (DEFAULT_CONTEXT_TOKENS, "the default (the server did not say)")
-        found = _WINDOWS[key]
+        found = _WINDOWS.get(key)
+        if found is None:
+            try:
+                found = _WINDOWS[key] = _window_from_server(cfg) or (DEFAULT_CONTEXT_TOKENS, "the default (the server did not say)")
+            except _NoAnswer:  # unreachable now: the default this time, asked again next time
+                found = (DEFAULT_CONTEXT_TOKENS, "the default (the server did not answer)")
     return found if with_source else found[0]
 
 

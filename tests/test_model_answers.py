@@ -162,13 +162,15 @@ def test_a_well_formed_stream_is_still_an_answer():
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_chat_run_whose_stream_is_garbage_falls_back_and_says_the_model_failed(settings):
+@pytest.mark.parametrize("what, said", [("html 200", "Content-Type text/html"), ("empty stream", "no server-sent event"),
+                                        ("plain json", "Content-Type application/json"), ("malformed sse", "is not JSON")])
+def test_a_chat_run_whose_stream_is_garbage_falls_back_and_says_the_model_failed(settings, what, said):
     """The console's path: a chat message, a model streaming HTML: three failed requests, the
     rules planner answers, and the answer says the model failed and how (not "No model is
     configured"); the run names the llm planner from the start (the live bubble)."""
     from agent.loop import run_cycle
 
-    garbage = GARBAGE["html 200"]
+    garbage = GARBAGE[what]
     with rails_world(demand=BUSY_DEMAND), StandIn([garbage] * 3) as standin:
         settings.MODEL = {**settings.MODEL, "BASE_URL": standin.base_url, "MODEL": "m", "API_KEY_ENV": "", "API_KEY_FILE": ""}
         run = run_cycle("chat", message="please stop v-1", actor="user:alice")
@@ -176,7 +178,7 @@ def test_a_chat_run_whose_stream_is_garbage_falls_back_and_says_the_model_failed
     assert run.planner == "llm"
     assert list(ModelCall.objects.filter(run=run).values_list("status", flat=True)) == ["bad_stream"] * 3
     answer = run.final_answer
-    assert "The model failed this cycle" in answer and "Content-Type text/html" in answer
+    assert "The model failed this cycle" in answer and said in answer
     assert "No model is configured" not in answer
     assert "With the model failing, this chat instruction was not acted on" in answer
     assert not Step.objects.filter(tool="stop_instance").exists()
@@ -277,6 +279,17 @@ def test_the_context_window_is_read_from_the_server(server, where):
     with StandIn([], server=server, context=6144) as standin:
         tokens, source = context_window(ModelConfig(base_url=standin.base_url, model="standin"), with_source=True)
     assert tokens == 6144 and where in source
+
+
+def test_a_server_that_does_not_answer_is_asked_for_its_window_again_later():
+    with StandIn([], server="llamacpp", context=6144) as standin:
+        url = standin.base_url
+    cfg = ModelConfig(base_url=url, model="standin", timeout_s=1)
+    tokens, source = context_window(cfg, with_source=True)  # the port is closed now
+    assert tokens == 8192 and "did not answer" in source
+    from agent import model_client
+
+    assert (url, "standin") not in model_client._WINDOWS
 
 
 def test_the_context_window_setting_wins_and_an_unknown_window_is_the_default():
@@ -443,11 +456,11 @@ def test_each_model_call_is_bounded_by_what_is_left_of_the_wall_clock():
     """The timeout the client applied is recorded with the request: at most the time left."""
     from agent.loop import run_cycle
 
-    with rails_world(limits={"wall_clock_s": 5}), StandIn([{"timeout": True}] * 3) as standin:
+    with rails_world(limits={"wall_clock_s": 2}), StandIn([{"timeout": True}] * 3) as standin:
         cfg = ModelConfig(base_url=standin.base_url, model="standin", timeout_s=600)
         run = run_cycle("test", planner=LlmPlanner(cfg))
     timeouts = [json.loads(c.request)["timeout_s"] for c in ModelCall.objects.filter(run=run)]
-    assert timeouts and all(t <= 5 for t in timeouts)
+    assert timeouts and all(t <= 2 for t in timeouts)
     assert Alert.objects.filter(kind="planner_fallback").exists()
 
 
