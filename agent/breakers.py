@@ -9,7 +9,12 @@ three-strikes rule):
 - ``identical_args``: the same tool with the same canonical arguments already ran in an earlier
   turn, and nothing that changes the world happened after it (no other successful side effect,
   no new diagnosis, no operator decision); refused calls never count as having run; calls of one
-  batch are not compared with each other;
+  batch are not compared with each other. A call *refused* in an earlier turn (by a guard, the
+  caps, ``duplicate``…) and proposed again with the same canonical arguments while nothing changed
+  is ``identical_args`` too: the refusal is the answer, and asking again only spends turns (a
+  small model repeated one refused batch until ``max_steps``). Refusals with their own breaker or
+  no arguments to compare (``invalid_args`` → ``same_error``, ``unknown_tool``,
+  ``forged_observation``, ``batch_too_large``) are not counted;
 - ``text_only_spiral``: N consecutive text-only turns;
 - ``forbidden_tool``: a known tool whose policy is ``forbidden``;
 - ``forged_observation``: the planner tried to author a tool result;
@@ -40,6 +45,8 @@ from fleet.clock import clock
 
 RAN = {"executed", "approved_executed", "error"}
 SUCCESS = {"executed", "approved_executed"}
+#: refusals a repeat of is not ``identical_args`` (they have their own breaker, or nothing to compare)
+NOT_REPEATS = {"invalid_args", "unknown_tool", "forged_observation", "batch_too_large", "identical_args"}
 
 
 @dataclass
@@ -60,6 +67,7 @@ class BreakerState:
     text_streak: int = 0
     failures: Counter = field(default_factory=Counter)
     ran: list = field(default_factory=list)  # (seq, turn, tool, canon)
+    refused: list = field(default_factory=list)  # (seq, turn, tool, canon, reason code)
     changes: list = field(default_factory=list)  # (seq, turn) of world-changing events
     started: float = 0.0
     tokens: int = 0
@@ -88,6 +96,8 @@ class BreakerState:
         self.text_streak = 0
         if s.outcome in RAN:
             self.ran.append((s.seq, s.turn, s.tool, canonical_json(s.args)))
+        if s.outcome == "refused" and s.reason_code not in NOT_REPEATS and s.args is not None:
+            self.refused.append((s.seq, s.turn, s.tool, canonical_json(s.args), s.reason_code))
         if s.outcome in SUCCESS:
             spec = TOOLS.get(s.tool)
             if spec is not None and (spec.side_effect or spec.changes_world):
@@ -127,6 +137,13 @@ class BreakerState:
             if any(cseq > seq and cseq != seq for cseq, _ in self.changes):
                 continue
             return Halt("identical_args", f"{tool} with the same arguments already ran in turn {t} and nothing changed since")
+        for seq, t, rtool, rcanon, code in self.refused:
+            if t is None or t >= turn or rtool != tool or rcanon != canon:
+                continue
+            if any(cseq > seq for cseq, _ in self.changes):
+                continue
+            return Halt("identical_args", f"{tool} with the same arguments was refused ({code}) in turn {t} "
+                                          "and nothing changed since")
         return None
 
     def after_text(self) -> Halt | None:

@@ -27,6 +27,9 @@ _ID = re.compile(r"\b[a-z]{1,40}-\d{1,20}\b", re.I)
 _PUNCT = str.maketrans({c: " " for c in ".,;:!?()[]{}\"'`"})
 
 NO_MODEL = "No model is configured, so I answer from the observed state (the built-in rules planner ran this cycle)."
+#: the first line when a model is configured but failed this cycle (``{what}``: how it failed)
+MODEL_FAILED = ("The model failed this cycle ({what}), so the built-in rules planner stood in and I answer from "
+                "the observed state.")
 
 
 def is_instruction(text: str) -> bool:
@@ -138,11 +141,14 @@ def approvals_line(run) -> str:
     return f"Waiting for approval (Approvals inbox): {listed}."
 
 
-def instruction_line(message: str) -> str:
-    """What an operator can do instead of a chat instruction when no model is configured."""
+def instruction_line(message: str, *, model_failed: bool = False) -> str:
+    """What an operator can do instead of a chat instruction when no model is configured (or,
+    ``model_failed``, when the configured one failed this cycle)."""
     ids = sorted(set(m.lower() for m in _ID.findall(message or "")))
     where = (" on " + ", ".join(f"/instances/{i}/" for i in ids)) if ids else " on each instance's page (Fleet)"
-    return ("Without a model, chat instructions are not acted on: I did not do what you asked, and nothing was "
+    head = "With the model failing, this chat instruction was not acted on" if model_failed else \
+        "Without a model, chat instructions are not acted on"
+    return (f"{head}: I did not do what you asked, and nothing was "
             f"changed because of your message. To act, use the instance's buttons{where} (stop, reboot, resume, "
             "destroy); they pass the same guards and approvals. To change how many workers run, set the target "
             "on the dashboard.")
@@ -151,13 +157,15 @@ def instruction_line(message: str) -> str:
 def state_answer(ctx) -> str:
     """The chat answer (without the verdict) for a ``chat`` run planned by ``rules``.
 
-    ``ctx`` is the loop's ``TurnContext``: its ``message``, ``world`` and ``run`` are read.
-    Returns plain text of a few sentences; raises nothing.
+    ``ctx`` is the loop's ``TurnContext``: its ``message``, ``world``, ``run`` and
+    ``extra["model_failure"]`` (set by the ``llm`` planner when it fell back: how the model
+    failed) are read. Returns plain text of a few sentences; raises nothing.
     """
     world = ctx.world
-    lines = [NO_MODEL]
+    failure = (getattr(ctx, "extra", None) or {}).get("model_failure")
+    lines = [MODEL_FAILED.format(what=failure) if failure else NO_MODEL]
     if is_instruction(ctx.message):
-        lines.append(instruction_line(ctx.message))
+        lines.append(instruction_line(ctx.message, model_failed=bool(failure)))
     lines.append(workers_line(world))
     q = queue_line(world)
     if q:
@@ -178,8 +186,8 @@ def rails_note(steps) -> str:
     ``steps``: the run's ``agent.models.Step`` rows in order. One line per call that was refused or
     halted (reason code and detail), parked for approval (the approval and its expiry, from the
     step's detail), rejected or left to expire — issue 7 §2: when the rails refuse or park an
-    instruction, the answer says so and why, whatever the model wrote. Returns "" when every call
-    ran (or none was made).
+    instruction, the answer says so and why, whatever the model wrote. The same line twice is said
+    once with its count ("(×3)"). Returns "" when every call ran (or none was made).
     """
     lines = []
     for s in steps:
@@ -191,7 +199,12 @@ def rails_note(steps) -> str:
             lines.append(f"- {_call(s)} was not run: it needs an operator's approval — {s.detail}")
         elif s.outcome in ("rejected", "expired"):
             lines.append(f"- {_call(s)} was not run: {s.detail or s.outcome}")
-    return (RAILS_HEAD + "\n" + "\n".join(lines)) if lines else ""
+    if not lines:
+        return ""
+    counted: dict[str, int] = {}  # the same refusal said once, with how many times (a model may repeat a call)
+    for line in lines:
+        counted[line] = counted.get(line, 0) + 1
+    return RAILS_HEAD + "\n" + "\n".join(f"{line} (×{n})" if n > 1 else line for line, n in counted.items())
 
 
 def model_words(answer: str) -> str:

@@ -6,8 +6,10 @@ carries ``tool_calls`` and is followed by one ``tool`` message per call):
 
 - runs skipped in the prompt (``Run.included_in_prompt`` false: no-op verdicts) are left out,
   except the current run;
-- operator messages are ``user`` messages; the planner's intermediate text is dropped, only each
-  run's final answer is kept;
+- operator messages are ``user`` messages; each run's final answer is kept, and so are the text
+  turns of the run being planned while it has no answer yet, each followed by a runtime note that
+  it ended nothing (no tool call, no verdict): the model sees its own last words and what the
+  runtime made of them, instead of the identical prompt again; other intermediate text is dropped;
 - every observation — tool results, the runtime's world snapshot, monitor actions — is wrapped
   by :func:`agent.untrusted.as_data` (delimited, labelled untrusted data);
 - only the newest world snapshot (an ``observe`` step) is kept; older ones are stale;
@@ -248,8 +250,15 @@ def extractive_summary(lines: list[str]) -> str:
     return "\n".join(f"- {line}" + (f" (×{n})" if n > 1 else "") for line, n in out)
 
 
-def _render(runs: dict[int, int], steps: list[dict], answers: dict[int, str]) -> list[list[dict]]:
-    """Steps (oldest first) as units: lists of messages that must stay together."""
+#: what follows a text turn of the current run that neither called a tool nor gave a verdict
+TEXT_TURN_NOTE = ("[runtime] Your last turn had no tool call and no <verdict> block, so nothing happened and "
+                  "the run is still open. Call a tool, or give your final answer ending with the verdict.")
+
+
+def _render(runs: dict[int, int], steps: list[dict], answers: dict[int, str],
+            current: int | None = None) -> list[list[dict]]:
+    """Steps (oldest first) as units: lists of messages that must stay together. ``current``: the
+    pk of the run being planned (its text turns are kept, each with :data:`TEXT_TURN_NOTE`)."""
     units: list[list[dict]] = []
     last_observe = max((s["id"] for s in steps if s["kind"] == "observe"), default=None)
     i = 0
@@ -266,6 +275,10 @@ def _render(runs: dict[int, int], steps: list[dict], answers: dict[int, str]) ->
             if answers.get(s["run_id"]) and s["text"] == answers[s["run_id"]]:
                 units.append([{"role": "assistant", "content": s["text"], "_step": s["id"],
                                "_line": f"agent answered (run {number}): {_clip(without_verdicts(s['text']))}"}])
+            elif current is not None and s["run_id"] == current and s["actor"] == "agent" and not answers.get(current):
+                units.append([{"role": "assistant", "content": s["text"] or "(an empty answer)", "_step": s["id"],
+                               "_line": f"agent said (run {number}): {_clip(s['text'])}"},
+                              {"role": "user", "content": TEXT_TURN_NOTE}])
         elif s["kind"] == "call" and s["actor"] != "agent":
             note = f"{s['actor']} ran {s['tool']} {canonical_json(s['args'])}: {s['outcome']} {s['reason_code']}".strip()
             units.append([{"role": "user", "content": as_data(s["actor"], note + "\n" + (s["observation"] or "")),
@@ -367,7 +380,7 @@ def build_context(*, run: Run | None = None, budget_tokens: int = DEFAULT_BUDGET
                 break
             at.pop(s["id"], None)
 
-    units = _render(runs, steps, answers)
+    units = _render(runs, steps, answers, current=run.pk if run is not None else None)
     # advisory reminders go right after the unit of the call that reached a threshold
     with_reminders: list[list[dict]] = []
     reminders = []

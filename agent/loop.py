@@ -34,6 +34,9 @@ from fleet.secrets import redact
 
 log = logging.getLogger(__name__)
 
+#: how the keys of the ``breaker_tripped`` alerts begin (one per halt code)
+BREAKER_KEY = "breaker:"
+
 
 def default_planner(run: Run | None = None):
     """The configured planner: ``llm`` when a model is configured (WARDEN_MODEL_BASE_URL and
@@ -225,7 +228,9 @@ def _drive(tc: TurnContext, planner) -> None:
             verdict = parse_verdict(turn.text)
             if verdict is not None:
                 run.verdict_action, run.verdict_state_changed = verdict
-                run.included_in_prompt = any(verdict)
+                # a no-op run leaves the prompt, unless the rails refused something in it: the
+                # refusals stay in front of the model, so it does not propose the same again
+                run.included_in_prompt = any(verdict) or run.steps.filter(kind="call", outcome__in=["refused", "halted"]).exists()
                 run.final_answer = redact(turn.text)[:8000]
                 run.status = "done"
                 break
@@ -270,8 +275,13 @@ def _drive(tc: TurnContext, planner) -> None:
         run.halt_reason, run.halt_detail = halt.code, redact(halt.detail)
         from fleet.alerts import raise_alert
 
+        # one alert per condition (the halt code), its count growing while runs keep halting so
         raise_alert("breaker_tripped", f"run {run.number} halted: {halt.code} — {halt.detail}", severity="P2",
-                    key=f"breaker:{run.number}")
+                    key=f"{BREAKER_KEY}{halt.code}", recurring=True)
+    elif run.status == "done":
+        from fleet.alerts import resolve
+
+        resolve(BREAKER_KEY, prefix=True)  # a run finished clean: the halting has ended
     close_run(run)
 
 

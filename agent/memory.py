@@ -20,6 +20,7 @@ before it is stored. Operators change facts through :func:`do_update_fact` / :fu
 (audited).
 """
 
+import logging
 import re
 from datetime import timedelta
 
@@ -30,6 +31,8 @@ from agent.models import MemoryFact, ShortTermMessage
 from fleet.clock import clock
 from fleet.events import emit
 from fleet.secrets import redact
+
+log = logging.getLogger(__name__)
 
 #: categories the prompt and the memory page name; any other word is allowed too
 CATEGORIES = ("machine_perf", "provider_note", "rule_learned", "incident", "rejection")
@@ -237,10 +240,13 @@ def consolidate() -> list[MemoryFact]:
     return made
 
 
-def after_run(run) -> list[MemoryFact]:
+def after_run(run, *, deferred: bool = False) -> list[MemoryFact]:
     """Called when a run closes: buffers its operator messages and final answer (once per run), and on every
     :data:`CONSOLIDATE_EVERY`-th run number consolidates (by the model when one is configured).
-    Returns the facts made or promoted."""
+    ``deferred`` (what ``agent.runs.close_run`` passes): the model's consolidation, a call of its
+    own that took a small local model 50 s, runs after the answer in the Celery task
+    ``agent.tasks.consolidate_memory`` once the transaction commits, not inside the run.
+    Returns the facts made or promoted (here and now)."""
     made = []
     if not ShortTermMessage.objects.filter(run_number=run.number).exists():  # a run closes once in the buffer
         for s in run.steps.filter(kind="message").exclude(actor="system"):
@@ -253,11 +259,22 @@ def after_run(run) -> list[MemoryFact]:
         config = ModelConfig.from_settings()
         if config is None:
             made += consolidate()
+        elif deferred:
+            transaction.on_commit(lambda: _enqueue_consolidation(run.pk))
         else:  # the model extracts the facts (rule-made ones when it cannot: agent.model_digest)
             from agent.model_digest import consolidate_by_model
 
             made += consolidate_by_model(config, run)
     return made
+
+
+def _enqueue_consolidation(run_pk: int) -> None:
+    from agent.tasks import consolidate_memory
+
+    try:
+        consolidate_memory.apply_async((run_pk,), retry=False)
+    except Exception:  # noqa: BLE001 — no broker: the facts wait for the next consolidation
+        log.warning("memory consolidation after run pk %s could not be queued", run_pk, exc_info=True)
 
 
 # --- operator changes (the memory page) ---------------------------------------------------------

@@ -9,9 +9,31 @@ takes the next entry of ``responses`` (SCENARIOS.md ``model_responses``):
   server stops);
 - when the list runs out: 500.
 
+- ``{"raw": "text", "content_type": "..."}`` (tests only): served with HTTP 200 byte for byte,
+  whatever the request asked (an HTML page, an empty or malformed event stream).
+
 A request with ``"stream": true`` gets a 200 body as server-sent events in the wire format
 (``chat.completion.chunk`` objects, then ``data: [DONE]``). Requests are kept (``requests``:
 JSON bodies; ``headers``: their headers, names lower-cased) so tests can check what was sent.
+
+``server`` imitates one server kind's documented quirks (what each accepts and refuses; the
+sources are each project's server docs and issue trackers):
+
+- ``llamacpp`` (llama.cpp's ``llama-server``): without ``tool_choice: "auto"`` the tools are left
+  out of the prompt, so the recorded answer's tool calls are dropped (text only); an assistant
+  message whose ``content`` is ``null`` → 500 ("Failed to parse messages"); a tool schema holding
+  ``minLength``/``maxLength`` → 500 (its JSON-schema-to-grammar converter fails); a streamed
+  request with tools → 500 "Cannot use tools with stream"; streaming sends no usage chunk;
+  ``GET /props`` reports ``default_generation_settings.n_ctx`` (``context``);
+- ``openai``: ``tool_choice`` without ``tools`` → 400; ``GET /v1/models`` carries no window;
+- ``vllm``: ``tool_choice`` without ``tools`` → 400; ``GET /v1/models`` reports ``max_model_len``;
+- ``ollama``: a message ``content`` that is neither a string nor a list → 400;
+- ``openrouter``: ``GET /v1/models`` reports ``context_length`` (its failed answers, a 200
+  carrying an ``error`` object, are recorded responses).
+
+``context`` (tokens): a request whose messages and tools (JSON, 4 characters a token) plus
+``max_tokens`` exceed it answers 400 in that server's words ("maximum context length", "exceeds
+the available context size").
 """
 
 import json
@@ -54,7 +76,14 @@ class StandIn:
     held connections and the port. Usable as a context manager. ``chunk_delay_s``: seconds slept
     between streamed chunks (a model that writes at a human-visible pace; 0 by default)."""
 
-    def __init__(self, responses: list, *, chunk_delay_s: float = 0.0):
+    SERVERS = ("generic", "llamacpp", "openai", "vllm", "ollama", "openrouter")
+
+    def __init__(self, responses: list, *, chunk_delay_s: float = 0.0, server: str = "generic",
+                 context: int | None = None):
+        if server not in self.SERVERS:
+            raise ValueError(f"unknown server kind {server!r}; use one of {', '.join(self.SERVERS)}")
+        self.server = server
+        self.context = context
         self.chunk_delay_s = chunk_delay_s
         self.responses = list(responses)
         self.requests: list[dict] = []
@@ -85,6 +114,50 @@ class StandIn:
     def __exit__(self, *exc):
         self.stop()
 
+    def refusal(self, body: dict) -> tuple[int, dict] | None:
+        """``(status, error body)`` when this server kind refuses the request ``body``, else ``None``."""
+        tools = body.get("tools") or []
+        msgs = body.get("messages") or []
+        if self.context is not None:
+            used = -(-len(json.dumps(msgs) + json.dumps(tools)) // 4) + int(body.get("max_tokens") or 0)
+            if used > self.context:
+                if self.server == "llamacpp":
+                    return 400, {"error": {"code": 400, "type": "exceed_context_size_error",
+                                           "message": "the request exceeds the available context size, try increasing it"}}
+                return 400, {"error": {"type": "BadRequestError", "code": 400, "message":
+                                       f"This model's maximum context length is {self.context} tokens. However, you "
+                                       f"requested {used} tokens. Please reduce the length of the messages."}}
+        if self.server in ("openai", "vllm") and body.get("tool_choice") is not None and not tools:
+            return 400, {"error": {"message": "'tool_choice' is only allowed when 'tools' are specified", "type":
+                                   "invalid_request_error", "param": "tool_choice"}}
+        if self.server == "ollama":
+            for m in msgs:
+                if not isinstance(m.get("content"), (str, list)):
+                    return 400, {"error": {"message": "json: cannot unmarshal content of the message", "type": "invalid_request_error"}}
+        if self.server == "llamacpp":
+            for m in msgs:
+                if m.get("role") == "assistant" and m.get("content") is None:
+                    return 500, {"error": {"code": 500, "type": "server_error",
+                                           "message": "Failed to parse messages: Expected 'content' (ref: assistant with null content)"}}
+            if "minLength" in json.dumps(tools) or "maxLength" in json.dumps(tools):
+                return 500, {"error": {"code": 500, "type": "server_error",
+                                       "message": "JSON schema conversion failed: unsupported minLength/maxLength in grammar"}}
+            if tools and body.get("stream"):
+                return 500, {"error": {"code": 500, "type": "server_error", "message": "Cannot use tools with stream"}}
+        return None
+
+    def shaped(self, body: dict, payload):
+        """The recorded ``payload`` as this server kind would answer ``body`` (llama.cpp without
+        ``tool_choice: "auto"`` never saw the tools: no tool calls)."""
+        if self.server == "llamacpp" and isinstance(payload, dict) and body.get("tool_choice") != "auto":
+            payload = json.loads(json.dumps(payload))
+            for c in payload.get("choices") or []:
+                msg = c.get("message") or {}
+                if msg.pop("tool_calls", None) is not None:
+                    msg["content"] = msg.get("content") or "I would check the fleet."
+                    c["finish_reason"] = "stop"
+        return payload
+
     def take(self, body: dict, headers: dict):
         """The entry for one request (``None`` when the list has run out)."""
         with self._lock:
@@ -114,8 +187,18 @@ class StandIn:
                 self.wfile.write(data)
 
             def do_GET(self):
+                kind, ctx = standin.server, standin.context
                 if self.path.rstrip("/").endswith("/models"):
-                    self._send(200, {"object": "list", "data": [{"id": "standin", "object": "model"}]})
+                    entry = {"id": "standin", "object": "model"}
+                    if ctx and kind == "vllm":
+                        entry["max_model_len"] = ctx
+                    elif ctx and kind == "openrouter":
+                        entry["context_length"] = ctx
+                    elif ctx and kind == "llamacpp":
+                        entry["meta"] = {"n_ctx_train": ctx * 4}  # trained for more than the server runs
+                    self._send(200, {"object": "list", "data": [entry]})
+                elif self.path.rstrip("/") == "/props" and kind == "llamacpp":
+                    self._send(200, {"default_generation_settings": {"n_ctx": ctx or 4096}, "total_slots": 1})
                 else:
                     self._send(404, {"error": {"message": f"no route {self.path}"}})
 
@@ -131,6 +214,21 @@ class StandIn:
                     self._send(400, {"error": {"message": "request body is not JSON"}})
                     return
                 entry = standin.take(body, {k.lower(): v for k, v in self.headers.items()})
+                refused = standin.refusal(body)
+                if refused is not None:
+                    with standin._lock:  # the server refused it: the recorded answer stays for the next request
+                        if entry is not None:
+                            standin._next -= 1
+                    self._send(*refused)
+                    return
+                if isinstance(entry, dict) and "raw" in entry:
+                    data = str(entry["raw"]).encode()
+                    self.send_response(200)
+                    self.send_header("Content-Type", entry.get("content_type", "text/plain"))
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                    return
                 if entry is None:
                     self._send(500, {"error": {"message": "the stand-in has no more recorded responses", "type": "server_error"}})
                     return
@@ -138,7 +236,7 @@ class StandIn:
                     standin._stopping.wait(120)
                     self.close_connection = True
                     return
-                status, payload = 200, entry
+                status, payload = 200, standin.shaped(body, entry)
                 if isinstance(entry, dict) and "http_status" in entry:
                     status, payload = int(entry["http_status"]), entry.get("body")
                 if status == 200 and body.get("stream") and isinstance(payload, dict) and "choices" in payload:
@@ -147,7 +245,10 @@ class StandIn:
                     self.send_header("Cache-Control", "no-cache")
                     self.send_header("Connection", "close")
                     self.end_headers()
-                    for chunk in sse_chunks(payload):
+                    chunks = sse_chunks(payload)
+                    if standin.server == "llamacpp":  # no usage chunk when streaming
+                        chunks = [c for c in chunks if not c.get("usage")]
+                    for chunk in chunks:
                         self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
                         self.wfile.flush()
                         if standin.chunk_delay_s:

@@ -89,7 +89,10 @@ class ModelCall(models.Model):
     ``request`` is the JSON sent (messages, model, limits; tools by name), redacted of secrets;
     the API key travels in a header and is never in it. ``response`` is the body that came back
     (redacted), ``status`` ``ok``, ``http_NNN``, ``timeout``, ``unreachable`` or ``bad_body``.
-    Tokens come from the API's ``usage``; ``cost_usd`` from the price settings.
+    Tokens come from the API's ``usage``; when the server reports none they are estimated (4
+    characters a token) and ``tokens_estimated`` is true. ``cost_usd`` from the price settings.
+    ``status`` may also be ``model_error`` (a 200 carrying an error, no choices, or a choice that
+    finished ``error``) or ``bad_stream`` (a streamed answer that is no answer).
     """
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="model_calls")
@@ -102,6 +105,7 @@ class ModelCall(models.Model):
     tokens_in = models.PositiveIntegerField(default=0)
     tokens_out = models.PositiveIntegerField(default=0)
     cost_usd = models.FloatField(default=0.0)
+    tokens_estimated = models.BooleanField(default=False)
     created_at = models.DateTimeField()
     duration_ms = models.FloatField(null=True)
 

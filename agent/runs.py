@@ -172,7 +172,12 @@ def claim_run(trigger: str, planner, events: list[dict] | None = None) -> Run:
     run's ``trigger`` is then the first event's kind. Raises :class:`RunBusy` when another run is
     still ``running`` (the database constraint ``one_running_run``, the lock's second net).
     """
-    name = getattr(planner, "name", "rules")
+    if planner is None:  # the planner the loop will choose (agent.loop.default_planner): what the chat shows live
+        from agent.model_client import ModelConfig
+
+        name = "llm" if ModelConfig.from_settings() is not None else "rules"
+    else:
+        name = getattr(planner, "name", "rules")
     events = events or []
     if events and trigger == "event":
         trigger = events[0]["kind"]
@@ -226,14 +231,14 @@ def close_run(run: Run) -> None:
     run.final_report = final_report(run)
     run.entailment_flags = entailment_flags(run)
     run.save()
+    emit("runs-changed", "chat-changed", "fleet-changed")  # the answer first; memory upkeep after it
     if run.status != "parked":
         from agent.memory import after_run
 
         try:
-            after_run(run)
+            after_run(run, deferred=True)  # the model's consolidation runs in its own task
         except Exception:  # noqa: BLE001 — memory upkeep never fails the run it follows
             log.exception("memory upkeep after run %s failed", run.number)
-    emit("runs-changed", "chat-changed", "fleet-changed")
 
 
 def fail_run(run: Run, exc: Exception) -> None:

@@ -106,6 +106,22 @@ def monitor_tick():
     return number
 
 
+@shared_task(name="agent.tasks.consolidate_memory", acks_late=True)
+def consolidate_memory(run_pk: int) -> int:
+    """The model's memory consolidation after run ``run_pk`` closed (``agent.memory.after_run``
+    defers it here so the run's answer never waits for it). Returns the facts written; 0 when the
+    run is gone or no model is configured any more."""
+    from agent.model_client import ModelConfig
+    from agent.model_digest import consolidate_by_model
+    from agent.models import Run
+
+    run = Run.objects.filter(pk=run_pk).first()
+    config = ModelConfig.from_settings()
+    if run is None or config is None:
+        return 0
+    return len(consolidate_by_model(config, run))
+
+
 @shared_task(name="agent.tasks.deliver_notification", bind=True, acks_late=True, max_retries=5)
 def deliver_notification(self, pk: int):
     """Send one queued notification (``agent.notifications.deliver``); returns its status.

@@ -467,10 +467,16 @@ MODEL = {
     "API_KEY_ENV": os.environ.get("WARDEN_MODEL_API_KEY_ENV", "").strip(),
     "API_KEY_FILE": os.environ.get("WARDEN_MODEL_API_KEY_FILE", "").strip(),
     "TIMEOUT_S": envfloat("WARDEN_MODEL_TIMEOUT_S", 60),
-    "MAX_TOKENS": envint("WARDEN_MODEL_MAX_TOKENS", 2048, minimum=1),
+    # the most a model may write per call (a small local model wrote for 87 s at 2048)
+    "MAX_TOKENS": envint("WARDEN_MODEL_MAX_TOKENS", 512, minimum=1),
     "TEMPERATURE": envfloat("WARDEN_MODEL_TEMPERATURE", 0.2),
     "PRICE_IN": envfloat("WARDEN_MODEL_PRICE_IN", 0.0),
     "PRICE_OUT": envfloat("WARDEN_MODEL_PRICE_OUT", 0.0),
+    # the model's context window in tokens; 0: read from the server (llama.cpp /props n_ctx,
+    # vLLM max_model_len, OpenRouter context_length), else 8192 (docs/model.md)
+    "CONTEXT_TOKENS": envint("WARDEN_MODEL_CONTEXT_TOKENS", 0, minimum=0),
+    # auto: stream chat answers, unstreamed once the server refuses to stream with tools
+    "STREAM": envchoice("WARDEN_MODEL_STREAM", "auto", ("auto", "on", "off")),
 }
 
 # --- notifications (agent/notifications.py) ----------------------------------------------------

@@ -12,14 +12,24 @@ from fleet.models import Alert
 from fleet.secrets import redact
 
 
-def raise_alert(kind: str, message: str, *, severity: str = "P2", key: str | None = None, instance=None) -> Alert:
+def raise_alert(kind: str, message: str, *, severity: str = "P2", key: str | None = None, instance=None,
+                recurring: bool = False) -> Alert:
     """Raise ``kind`` unless an alert with the same key is still open; returns the open alert.
 
-    ``message`` and ``key`` are redacted of secrets before they are stored.
+    ``recurring``: the key names a condition that recurs while it lasts (the model keeps failing,
+    runs keep halting): raising it again while it is open adds one to its ``count`` and keeps the
+    newest ``message``, instead of making another alert. ``message`` and ``key`` are redacted of
+    secrets before they are stored.
     """
     key, message = redact(key or kind)[:200], redact(message)
     open_alert = Alert.objects.filter(key=key).exclude(state="resolved").first()
     if open_alert is not None:
+        if recurring:
+            from django.db.models import F
+
+            Alert.objects.filter(pk=open_alert.pk).update(count=F("count") + 1, message=message)
+            open_alert.refresh_from_db(fields=["count", "message"])
+            emit("alerts-changed")
         return open_alert
     now = clock.now()
     # a silence on this key outlives the episode it was set on: a new episode inside it stays quiet
@@ -33,10 +43,12 @@ def raise_alert(kind: str, message: str, *, severity: str = "P2", key: str | Non
     return alert
 
 
-def resolve(key: str) -> int:
-    """Resolve every open alert with ``key``; returns how many were resolved."""
+def resolve(key: str, *, prefix: bool = False) -> int:
+    """Resolve every open alert with ``key`` (``prefix``: every key starting with it); returns how
+    many were resolved."""
     key = redact(key)[:200]
-    n = Alert.objects.filter(key=key).exclude(state="resolved").update(state="resolved", resolved_at=clock.now())
+    match = Alert.objects.filter(key__startswith=key) if prefix else Alert.objects.filter(key=key)
+    n = match.exclude(state="resolved").update(state="resolved", resolved_at=clock.now())
     if n:
         emit("alerts-changed")
     return n

@@ -163,7 +163,8 @@ class Alert(models.Model):
 
     ``kind`` is one of SCENARIOS.md's alert kinds (workers_dead, demand_unknown, provider_error,
     prompt_injection, breaker_tripped, destroy_unconfirmed, stuck_provisioning, budget, escalation,
-    stale_claim, instance_exited, planner_fallback).
+    stale_claim, instance_exited, planner_fallback). ``count``: how many times the condition
+    recurred while this alert was open (``fleet.alerts.raise_alert(recurring=True)``).
     """
 
     STATES = [("firing", "firing"), ("acknowledged", "acknowledged"), ("resolved", "resolved")]
@@ -175,6 +176,7 @@ class Alert(models.Model):
     state = models.CharField(max_length=15, choices=STATES, default="firing")
     raised_at = models.DateTimeField()
     resolved_at = models.DateTimeField(null=True, blank=True)
+    count = models.PositiveIntegerField(default=1)
     acknowledged_by = models.CharField(max_length=150, blank=True)
     ack_comment = models.TextField(blank=True)
     # a silence: until then the alert neither notifies nor shows as firing (``agent.actions.do_silence_alert``)

@@ -160,11 +160,30 @@ def test_near_miss_identical_args_after_an_operator_decision(vclock):
     assert BreakerState.load(run, limits()).identical("list_instances", {}, 2) is None
 
 
-def test_near_miss_refused_calls_did_not_run(vclock):
+def test_a_refused_call_repeated_while_nothing_changed_is_identical_args(vclock):
+    """A refused call did not run, but its refusal is the answer: proposing it again with the same
+    arguments while nothing changed only spends turns (a small model repeated one refused batch
+    until max_steps)."""
     run = new_run()
     t = Trace(run)
     t.call(0, "stop_instance", {"instance_id": "v-1", "reason": "idle"}, "refused", reason_code="diagnosis_required")
-    assert BreakerState.load(run, limits()).identical("stop_instance", {"instance_id": "v-1", "reason": "idle"}, 1) is None
+    halt = BreakerState.load(run, limits()).identical("stop_instance", {"instance_id": "v-1", "reason": "idle"}, 1)
+    assert halt.code == "identical_args" and "was refused (diagnosis_required)" in halt.detail
+
+
+def test_near_miss_a_refused_call_after_a_world_change_is_scored_afresh(vclock):
+    run = new_run()
+    t = Trace(run)
+    t.call(0, "stop_instance", {"instance_id": "v-1", "reason": "idle"}, "refused", reason_code="diagnosis_required")
+    t.call(1, "diagnose_instance", {"instance_id": "v-1"})  # what the refusal asked for: the world changed
+    assert BreakerState.load(run, limits()).identical("stop_instance", {"instance_id": "v-1", "reason": "idle"}, 2) is None
+
+
+def test_near_miss_a_repeated_invalid_args_refusal_is_left_to_same_error(vclock):
+    run = new_run()
+    t = Trace(run)
+    t.call(0, "stop_instance", {"instance_id": "v-1"}, "refused", reason_code="invalid_args", detail="reason: Field required")
+    assert BreakerState.load(run, limits()).identical("stop_instance", {"instance_id": "v-1"}, 1) is None
 
 
 def test_near_miss_calls_of_the_same_batch_are_not_compared(vclock):

@@ -96,8 +96,9 @@ def test_a_plain_answer_ends_the_run_with_its_verdict_and_usage(priced):
     sent = json.loads(call.request)
     system = sent["messages"][0]
     assert system["role"] == "system"
-    # seed 002's tiers: role first, the fleet summary in the opening, hard rules last
-    assert system["content"].index("fleet agent") < system["content"].index('"v-101"') < system["content"].index("Hard rules")
+    # seed 002's tiers (role, how it works, hard rules), then what changes: the fleet summary
+    # after the hard rules, so a server's prompt cache matches everything before it
+    assert system["content"].index("fleet agent") < system["content"].index("Hard rules") < system["content"].index('"v-101"')
     assert system["content"].rstrip().endswith("</verdict>.")
     assert "stop_instance" in sent["tools"]
 
@@ -309,7 +310,7 @@ def test_remembered_facts_reach_the_prompt_s_middle_tier(priced):
     report, run = _replay("llm-plain-answer")
     system = json.loads(ModelCall.objects.get(run=run).request)["messages"][0]["content"]
     assert "[provider_note] host 5512: reboots fix its Xid 79" in system
-    assert system.index('"v-101"') < system.index("host 5512") < system.index("Hard rules")
+    assert system.index("Hard rules") < system.index("host 5512") < system.index('"v-101"')
 
 
 @pytest.mark.django_db(transaction=True)

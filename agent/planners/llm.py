@@ -11,21 +11,40 @@ becomes one :class:`Turn`:
   a forged proposal, refused as ``forged_observation`` (halts the run);
 - otherwise a text turn (its ``<verdict>`` block parsed by the loop).
 
-When the model fails :data:`agent.model_client.STRIKES` times (429, 5xx, timeouts), or fails
-permanently, the cycle falls back to the ``rules`` planner: a system step in the run says so and
-the ``planner_fallback`` alert is raised (SCENARIOS.md alert kinds).
+A tool call whose ``arguments`` string is empty or only whitespace (several servers send that for
+a tool without parameters) means ``{}``; the schema then decides.
+
+The context is budgeted within the model's window (:func:`agent.model_client.context_window`,
+less ``max_tokens`` and the tool schemas); a 400 saying the prompt is too long shrinks the budget
+and asks again (twice at most; the smaller budget is kept for later runs of this process). Each
+request's timeout is bounded by what is left of the run's wall clock.
+
+When the model fails :data:`agent.model_client.STRIKES` times (429, 5xx, timeouts, failed answers
+such as a 200 carrying an ``error`` object), or fails permanently, the cycle falls back to the
+``rules`` planner: a system step in the run says so and the one ``planner_fallback`` alert fires
+(its count grows with each fallback; it resolves when the model answers again). No call of a
+failed answer is dispatched: a failed answer never becomes a turn.
 """
 
 import logging
 
-from agent.model_client import ModelConfig, ModelError, chat
+from agent.model_client import ModelConfig, ModelError, chat, context_window, estimate, wire_schema
 from agent.planners.base import Planner, Proposal, Turn
+from fleet.clock import clock
 from fleet.secrets import SecretReferenceError, redact
 
 log = logging.getLogger(__name__)
 
 #: how the run's system step announcing a fallback begins (``agent.report`` repeats it)
 FALLBACK_NOTE = "Planner fallback"
+#: the one alert key of the condition "the model fails and the rules planner stands in"
+FALLBACK_KEY = "planner_fallback"
+#: context budgets learnt from a server's context-length answers, per (base URL, model)
+LEARNT_BUDGET: dict[tuple[str, str], int] = {}
+#: shrink-and-retry rounds after a context-length answer, and the factor each applies
+SHRINKS, SHRINK_FACTOR = 2, 0.6
+#: tokens kept free beside the prompt and the answer (wire format, chat template)
+WINDOW_MARGIN = 256
 
 
 def tool_schemas() -> list[dict]:
@@ -52,10 +71,20 @@ def turn_from_message(message: dict) -> Turn:
     for c in message.get("tool_calls") or []:
         fn = (c or {}).get("function") or {}
         raw = fn.get("arguments")
+        if isinstance(raw, str) and not raw.strip():
+            raw = "{}"  # no arguments at all means none (several servers send "")
         calls.append(Proposal(tool=str(fn.get("name") or ""), raw_arguments=raw if isinstance(raw, str) else None,
                               args=None if isinstance(raw, str) else (raw if isinstance(raw, dict) else {}),
                               call_id=str(c.get("id") or "")))
     return Turn(calls=calls, text=text, batch=len(calls) > 1)
+
+
+def _remember_window(cfg: ModelConfig, window: int) -> None:
+    """Keep the window a server's context-length answer named, for this process's later budgets."""
+    from agent import model_client
+
+    if cfg.context_tokens <= 0:
+        model_client._WINDOWS[(cfg.base_url, cfg.model)] = (window, "the server's context-length answer")
 
 
 class LlmPlanner(Planner):
@@ -77,9 +106,25 @@ class LlmPlanner(Planner):
         self._sent: set | None = None  # fingerprints of the messages of the previous request
         self._fresh: int | None = None
 
-    def messages(self, ctx) -> list[dict]:
+    def budget(self) -> int:
+        """Tokens the context may take: the model's window less ``max_tokens``, the tool schemas and
+        a margin, at most ``agent.context.DEFAULT_BUDGET_TOKENS``, at least 1,024; a budget learnt
+        from a context-length answer is used when smaller."""
+        import json
+
+        from agent.context import DEFAULT_BUDGET_TOKENS
+
+        window = context_window(self.config)
+        tools = estimate(json.dumps([wire_schema(t) for t in tool_schemas()]))
+        budget = min(DEFAULT_BUDGET_TOKENS, window - self.config.max_tokens - tools - WINDOW_MARGIN)
+        learnt = LEARNT_BUDGET.get((self.config.base_url, self.config.model))
+        if learnt is not None:
+            budget = min(budget, learnt)
+        return max(1024, budget)
+
+    def messages(self, ctx, budget: int | None = None) -> list[dict]:
         """System prompt (tiers, with facts recalled for the operator's message in the middle) plus the
-        budgeted history of the session."""
+        budgeted history of the session, within ``budget`` tokens (:meth:`budget` by default)."""
         from agent.context import build_context
         from agent.memory import recall_for_prompt
         from agent.models import SessionState
@@ -90,7 +135,8 @@ class LlmPlanner(Planner):
         from agent.model_digest import ModelSummarizer
 
         # older history is folded into a running summary the model writes (extractive if it cannot)
-        context = build_context(run=ctx.run, system=system, summarize=ModelSummarizer(self.config, ctx.run))
+        context = build_context(run=ctx.run, system=system, summarize=ModelSummarizer(self.config, ctx.run),
+                                budget_tokens=budget or self.budget())
         self._estimated = context.tokens
         self._fresh = self._new_tokens(context.messages, context.factor)
         return context.messages
@@ -118,26 +164,65 @@ class LlmPlanner(Planner):
         if begin is not None:  # a ChatStream (agent.chat_stream): frames name the turn
             begin(ctx.turn_index)
         try:
-            reply = chat(self.config, self.messages(ctx), tool_schemas(), run=ctx.run, on_delta=self.on_delta)
+            reply = self._ask(ctx)
         except (ModelError, SecretReferenceError) as exc:
             self._fall_back(ctx, exc)
             return self._rules_turn(ctx)
         finally:
             if flush is not None:
                 flush(final=True)
+        from fleet.alerts import resolve
+
+        resolve(FALLBACK_KEY)  # the model answers again: the fallback condition has ended
         turn = turn_from_message(reply.message)
         turn.tokens_in, turn.tokens_out = reply.tokens_in, reply.tokens_out
         turn.tokens_fresh = self._fresh
-        if self._estimated > 0 and reply.tokens_in > 0:  # the estimate learns from the API's usage
+        if self._estimated > 0 and reply.tokens_in > 0 and reply.usage_reported:  # learn from the API's usage
             from agent.context import calibrate
 
             calibrate(self._estimated, reply.tokens_in)
-        if not reply.usage_reported:
+        if not reply.usage_reported:  # the client estimated both counts (ModelCall.tokens_estimated)
             turn.estimate_tokens()
             if turn.tokens_fresh is None:  # no usage: the whole estimated prompt is new
                 turn.tokens_fresh = self._estimated
         ctx.run.cost_usd += reply.cost  # saved with the run when it closes
         return turn
+
+    def _ask(self, ctx):
+        """One request, within the run's wall clock; a context-length answer shrinks the budget and
+        asks again (at most :data:`SHRINKS` times): to the window the answer names, less
+        ``max_tokens``, the tool schemas and a margin, or else to :data:`SHRINK_FACTOR` of what was
+        sent. Raises ModelError (also when the system prompt alone cannot fit) /
+        SecretReferenceError."""
+        budget = None
+        for shrink in range(SHRINKS + 1):
+            left = ctx.limits.wall_clock_s - (clock.monotonic() - ctx.breakers.started)
+            try:
+                messages = self.messages(ctx, budget)
+            except ValueError as exc:  # the system prompt alone does not fit (agent.context.assemble)
+                raise ModelError(f"the context does not fit the model's window: {exc}", kind="permanent") from None
+            try:
+                return chat(self.config, messages, tool_schemas(), run=ctx.run, on_delta=self.on_delta, time_left_s=left)
+            except ModelError as exc:
+                if exc.kind != "context_length" or shrink == SHRINKS:
+                    raise
+                sent = self._estimated
+                if exc.window:
+                    _remember_window(self.config, exc.window)
+                    budget = min(self.budget(), int(sent * SHRINK_FACTOR))
+                else:
+                    budget = int(sent * SHRINK_FACTOR)
+                LEARNT_BUDGET[(self.config.base_url, self.config.model)] = budget
+                ctx.new_step(kind="message", actor="system", turn=ctx.turn_index,
+                             text=f"The model's server said the prompt (~{sent} tokens) exceeds its context window; "
+                                  f"asking again within {budget} tokens")
+        raise AssertionError("unreachable")
+
+    def chat_answer(self, ctx) -> str:
+        """A chat run's answer when it parks or halts before the final turn: the rules planner's
+        answer from the observed state after a fallback (it says the model failed, and how),
+        else "" (the loop adds the runtime's note of what the rails did)."""
+        return self.fallback.chat_answer(ctx) if self.fallback is not None else ""
 
     def exhausted(self, ctx) -> bool:
         return self.fallback is not None and self.fallback.exhausted(ctx)
@@ -154,7 +239,8 @@ class LlmPlanner(Planner):
         note = f"{FALLBACK_NOTE}: {what}; this cycle falls back to the rules planner"
         log.warning("run %s: %s", ctx.run.number, note)
         ctx.new_step(kind="message", actor="system", text=note, turn=ctx.turn_index)
-        raise_alert("planner_fallback", f"run {ctx.run.number}: {note}", severity="P2", key=f"planner_fallback:{ctx.run.number}")
+        ctx.extra["model_failure"] = what  # the chat answer says the model failed, and how
+        raise_alert("planner_fallback", f"run {ctx.run.number}: {note}", severity="P2", key=FALLBACK_KEY, recurring=True)
         self.fallback = RulesPlanner()
         self._fallback_at = ctx.turn_index
 

@@ -58,8 +58,17 @@ def demand_context() -> dict:
         return {"demand": None, "demand_state": "unknown", "demand_age_s": None}
     age_s = (clock.now() - sample.taken_at).total_seconds()
     state = sample.state
-    # a good read older than two heartbeats no longer describes the queue: say so
-    if state == "ok" and age_s > 2 * settings.WARDEN["OBSERVE_INTERVAL_S"]:
+    # a good read older than two heartbeats no longer describes the queue: say so; unless the run
+    # that read it is still at work (a model's turns can outlast a heartbeat while it holds the
+    # lock): then it is stale only past that run's wall clock too
+    limit = 2 * settings.WARDEN["OBSERVE_INTERVAL_S"]
+    if state == "ok" and age_s > limit:
+        running = Run.objects.filter(status="running").values_list("started_at", flat=True).first()
+        if running is not None and sample.taken_at >= running:
+            from agent.policy import effective_limits
+
+            limit += effective_limits().wall_clock_s
+    if state == "ok" and age_s > limit:
         state = "stale"
     return {"demand": sample, "demand_state": state, "demand_age_s": age_s}
 
