@@ -46,6 +46,7 @@ from pydantic import (
 )
 
 from agent.pipeline import MAX_BATCH_CALLS
+from fleet.numbers import NumberError, parse_number
 
 MAX_FILE_BYTES = 32 * 1024 * 1024
 MAX_DEPTH = 64
@@ -566,10 +567,16 @@ def check_objectives(v: dict) -> dict:
             raise ValueError(f"objective {key!r} must be a number, not a list")
         numbers = value if isinstance(value, list) else [value]
         for x in numbers:
+            if isinstance(x, list | dict):
+                raise ValueError(f"objective {key!r} must be a flat list of numbers, not a nested list")
             if isinstance(x, bool) or not isinstance(x, int | float):
                 raise ValueError(f"objective {key!r} must be a number (got {x!r}; strings and booleans are not read as numbers)")
             if x != x or x in (float("inf"), float("-inf")):
                 raise ValueError(f"objective {key!r} must be finite")
+            try:  # the operator-number rule, on the number as the file wrote it (1e-320, -0 refused)
+                parse_number(x, f"objective {key!r}", low=0, high=float("inf"))
+            except NumberError as exc:
+                raise ValueError(str(exc)) from None
     target = v.get("target_proofs_hr", 0)
     if not 0 <= target <= MAX_COUNT:
         raise ValueError(f"objective 'target_proofs_hr' must be a number between 0 and 10^9 (got {target!r})")
@@ -732,17 +739,34 @@ def _pairs(pairs: list[tuple[str, Any]]) -> dict:
     return out
 
 
+class JsonFloat(float):
+    """A JSON number with a fraction or exponent, with the ``text`` it was written as (objectives
+    are judged by that text: ``fleet.numbers``)."""
+
+    text: str = ""
+
+
+class JsonInt(int):
+    """A JSON integer with the ``text`` it was written as (``-0`` is 0, but was typed with a sign)."""
+
+    text: str = ""
+
+
 def _float(text: str):
     value = float(text)
     if value in (float("inf"), float("-inf")):
         return _Bad(f"{text} is out of range for a number")
-    return value
+    out = JsonFloat(value)
+    out.text = text
+    return out
 
 
 def _int(text: str):
     if len(text.lstrip("-")) > 20:
         return _Bad(f"an integer of {len(text.lstrip('-'))} digits is out of range")
-    return int(text)
+    out = JsonInt(text)
+    out.text = text
+    return out
 
 
 def _constant(name: str):
