@@ -241,6 +241,8 @@ LOGOUT_REDIRECT_URL = "login"
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
 STATICFILES_DIRS = [BASE_DIR / "static"]
+# a ../ path is "not found" (404), never a SuspiciousFileOperation (500): console/staticfinders.py
+STATICFILES_FINDERS = ["console.staticfinders.SafeFileSystemFinder", "console.staticfinders.SafeAppDirectoriesFinder"]
 TIME_ZONE = "UTC"
 USE_TZ = True
 LANGUAGE_CODE = "en-us"
