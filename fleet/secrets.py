@@ -1,9 +1,10 @@
-"""Secrets are referenced, resolved at use, and redacted everywhere text leaves the runtime.
+"""Secrets are referenced, resolved at use, and redacted where text enters.
 
-DESIGN.md invariant 6 and seed 003 ("reference, not plaintext"). :func:`resolve` turns a
-reference (``env:NAME`` or ``file:/path``) into the value at the moment of use; :func:`redact`
-removes secret-shaped strings from any text before it is stored, logged, broadcast, rendered or
-sent to the model.
+Seed 003 ("reference, not plaintext"). :func:`resolve` turns a reference (``env:NAME`` or
+``file:/path``) into the value at the moment of use; :func:`redact` removes secret-shaped strings
+from any text. Stored text is redacted once, where it is written: every text column of ``agent``
+and ``fleet`` (:func:`install_field_redaction`); logs by :class:`RedactingFilter`; what is sent
+without being stored (the chat stream) by its sender. ``docs/secrets.md`` tells the whole rule.
 
 Which shapes are secrets (the one list; ``tests/secret_corpus.py`` holds an example of each):
 
