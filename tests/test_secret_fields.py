@@ -25,6 +25,7 @@ from agent.models import Approval
 from fleet.models import DemandSample, Instance
 from fleet.secrets import MARK, redact, text_fields
 from fleet.sync import sync_instances
+from tests.curio_support import CURIO_DB, curio, instance, instances  # noqa: F401 (fixture)
 from tests.rails_support import calls, fleet_entry, rails_world, verdict
 from tests.secret_corpus import SECRETS
 
@@ -236,3 +237,21 @@ def test_provider_fields_are_redacted_where_they_enter(client, bob):
         page = client.get(url)
         assert page.status_code == 200, url
         assert not [s for s in PROVIDER_SECRETS if s in page.content.decode()], url
+
+
+WORKER_NAME = "sealer password=hunter2hunter2"
+WORKER_HOST = "10.0.0.9:12300 api_key: sk-live-9f8e7d6c5b4a3928170"
+
+
+@CURIO_DB
+def test_a_worker_reported_name_is_redacted_in_every_demand_sample(curio):  # noqa: F811
+    from agent.observe import read_and_record_demand
+
+    curio.machine(WORKER_NAME, age_s=5, host=WORKER_HOST)  # a Curio node that matches no instance
+    instance("vast-201")
+    for _ in range(3):
+        read_and_record_demand(instances())
+    samples = list(DemandSample.objects.all())
+    assert len(samples) == 3
+    assert all(MARK in str(s.detail.get("unmatched")) for s in samples), [s.detail for s in samples]
+    assert leaks_in_every_column(["hunter2hunter2", "9f8e7d6c5b4a3928170"]) == []
