@@ -6,13 +6,13 @@ and push the same way (Zulip's ``zerver/actions`` pattern, reference/style.md §
 """
 
 import hashlib
-import math
 
 from django.db import DatabaseError, transaction
 
 from agent.models import AuditLog, Run, SessionState, Step
 from fleet.clock import clock
 from fleet.events import emit, trigger
+from fleet.numbers import NumberError, parse_number, parse_number_list
 from fleet.secrets import redact, redact_obj
 
 
@@ -50,9 +50,10 @@ def do_set_target(target: float, actor: str, reason: str = "") -> SessionState:
     target. Text from operators is parsed first by ``console.forms.parse_target``."""
     if isinstance(target, bool) or not isinstance(target, (int, float)):
         raise ValueError("target proofs/hr must be a number, e.g. 120")
-    target = float(target)
-    if not math.isfinite(target) or math.copysign(1.0, target) < 0 or target > 1_000_000:
-        raise ValueError("target proofs/hr must be between 0 and 1,000,000, e.g. 120")
+    try:  # the operator-number rule: -0.0, 1e-320, inf are refused as their typed forms are
+        target = float(parse_number(target, "target proofs/hr", low=0, high=1_000_000, example="120"))
+    except NumberError as exc:
+        raise ValueError(str(exc)) from None
     if 0 < target < 0.01:
         raise ValueError("target proofs/hr must be 0 or at least 0.01, e.g. 120")
     state = SessionState.get()
@@ -471,19 +472,12 @@ def policy_keys() -> list[str]:
 
 
 def _number(field: str, value, kind: str, low, high):
-    if isinstance(value, bool):
-        raise OverrideError(field, "must be a number")
+    """One limit read by the operator-number rule (``fleet.numbers.parse_number``: plain ASCII
+    decimals only); :class:`OverrideError` naming ``field`` otherwise."""
     try:
-        num = float(value)
-    except (TypeError, ValueError):
-        raise OverrideError(field, f"must be a number between {low:g} and {high:g}") from None
-    if num != num or not low <= num <= high:
-        raise OverrideError(field, f"must be between {low:g} and {high:g} (got {value})")
-    if kind == "int":
-        if num != int(num):
-            raise OverrideError(field, f"must be a whole number between {low:g} and {high:g}")
-        return int(num)
-    return num
+        return parse_number(value, field, low=low, high=high, whole=kind == "int")
+    except NumberError as exc:
+        raise OverrideError(field, exc.message) from None
 
 
 def _clean_limit(key: str, value):
@@ -491,14 +485,19 @@ def _clean_limit(key: str, value):
     kind, low, high = LIMIT_RANGES[key]
     if kind in ("int", "float"):
         return _number(field, value, kind, low, high)
-    if not isinstance(value, list | tuple):
-        raise OverrideError(field, "must be a list of numbers")
-    if kind == "pair":
-        if len(value) != 2:
-            raise OverrideError(field, "must be [launches, seconds], e.g. [6, 600]")
-        return [_number(field, value[0], "int", 1, 1000), _number(field, value[1], "int", low, high)]
-    items = [_number(field, v, "int", low, high) for v in value]
-    if len(items) > 10 or items != sorted(set(items)):
+    try:
+        if kind == "pair":
+            launches, seconds = parse_number_list(value, field, low=1, high=high, length=2)
+            if launches > 1000:
+                raise OverrideError(field, f"the launches must be between 1 and 1,000 (got {launches})")
+            if seconds < low:
+                raise OverrideError(field, f"the seconds must be between {low:g} and {high:,} (got {seconds})")
+            return [launches, seconds]
+        items = parse_number_list(value, field, low=low, high=high)
+    except NumberError as exc:
+        message = exc.message.replace("must be 2 numbers", "must be [launches, seconds], e.g. [6, 600]; 2 numbers")
+        raise OverrideError(field, message) from None
+    if items != sorted(set(items)):
         raise OverrideError(field, "must be at most 10 ascending whole numbers, e.g. [3, 5, 8]")
     return items
 

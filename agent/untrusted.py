@@ -11,13 +11,16 @@ raised ``prompt_injection`` parks every later side effect for an operator
 (``agent.lifecycle.forced_approval``).
 
 The scan reads the text as :func:`normalise` leaves it, so spacing, case, ``-``/``_`` joins,
-full-width letters, zero-width characters and JSON escapes hide nothing. Homoglyphs from other
-scripts (a Cyrillic "о" in "ignоre") are not folded.
+full-width letters, zero-width characters and JSON escapes hide nothing, nor do homoglyphs from
+other scripts (a Cyrillic "о" in "ignоre", a Greek "ο", accents): they are folded to their Unicode
+confusable prototype (UTS #39, ``fleet.skeleton.fold_confusables``) before the patterns run.
 """
 
 import functools
 import re
 import unicodedata
+
+from fleet.skeleton import fold_confusables
 
 #: characters of a text that are scanned: a longer text is scanned by its head and its tail, half
 #: each, which covers what the model is shown of it (observations are cut head and tail to
@@ -80,7 +83,9 @@ def normalise(text: str) -> str:
     """``text`` as the scanner reads it: at most :data:`SCAN_MAX` characters (head and tail),
     JSON escapes decoded, Unicode NFKC (full-width and ligature letters become plain ones), format
     characters (category Cf: zero-width spaces and joiners, bidi marks, soft hyphens) removed, case
-    folded, and every run of whitespace, ``-`` and ``_`` one space (one line end when the run held
+    folded, every non-ASCII letter replaced by its UTS #39 confusable prototype and combining marks
+    dropped (``fleet.skeleton.fold_confusables``: Cyrillic "іgnоre" reads "ignore"; ASCII text is
+    never changed, so "A100" stays "a100"), and every run of whitespace, ``-`` and ``_`` one space (one line end when the run held
     one). ``"ig\\u200bnore  PRIOR-instructions"`` (a zero-width space) reads
     ``"ignore prior instructions"``."""
     text = text or ""
@@ -91,6 +96,8 @@ def normalise(text: str) -> str:
     if not text.isascii():
         text = "".join(c for c in text if unicodedata.category(c) != "Cf")
     text = text.casefold()
+    if not text.isascii():
+        text = fold_confusables(text).casefold()  # casefold first: a capital Cyrillic І is і, then i
     return _SEPARATORS.sub(lambda m: "\n" if "\n" in m.group() or "\r" in m.group() else " ", text)
 
 

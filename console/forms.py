@@ -5,10 +5,10 @@ Every input has a length cap (:data:`CAPS`, characters), checked by the form bef
 field and its cap. The JSON API and the GET filters use the same caps.
 """
 
-import re
-
 from django import forms
 from django.core.exceptions import ValidationError
+
+from fleet.numbers import NumberError, parse_number
 
 #: the longest value each operator input may have, in characters (issue 11 §1.2)
 CAPS = {
@@ -17,7 +17,7 @@ CAPS = {
     "override_reason": 500,  # why a guard is overridden
     "comment": 2000,  # approval / rejection / alert acknowledgement comment
     "request_key": 64,  # an action form's one-time token
-    "setting": 100,  # one limit on the settings page
+    "setting": 100,  # one limit on the settings page (and any typed number)
     "target": 32,  # target proofs/hr as typed
     "filter": 200,  # a ?actor= / ?verb= / ?target= filter on the Actions tab
     "next": 2000,  # a ?next= URL to return to (a longer one is ignored: the default page is used)
@@ -39,34 +39,43 @@ def too_long_error(field: str, value: str, cap_key: str | None = None) -> str | 
     return None
 
 
-# ASCII digits only (``re.ASCII``: full-width or other Unicode digits are refused, not converted),
-# no sign, no exponent, at most two decimals: "-0", "1e-320", "１２０" and "inf" are all refused.
-TARGET_SHAPE = re.compile(r"[0-9]{1,7}(\.[0-9]{1,2})?", re.ASCII)
 TARGET_MAX = 1_000_000
 
 
 def parse_target(text: str) -> float:
     """The target proofs/hr written as ``text``: a plain decimal number between 0 and 1,000,000
-    with ASCII digits and at most two decimals (``"120"``, ``"7.5"``). Returns a float >= 0.
-    Raises ``forms.ValidationError`` naming what was wrong and what to write instead."""
+    with ASCII digits and at most two decimals (``"120"``, ``"7.5"``), read by the one
+    operator-number rule (``fleet.numbers.parse_number``). Returns a float >= 0. Raises
+    ``forms.ValidationError`` naming what was wrong and what to write instead."""
     text = (text or "").strip()
     if not text:
         raise forms.ValidationError("enter a target, e.g. 120")
-    if not TARGET_SHAPE.fullmatch(text):
-        got = f"(got {text[:40]!r})"
-        if text.startswith("-"):
-            why = f"target proofs/hr cannot be negative, not even -0; enter 0 to 1,000,000, e.g. 120 {got}"
-        elif any(ch.isdigit() and not ch.isascii() for ch in text):
-            why = f"target proofs/hr must be written with the digits 0-9; full-width and other digits are not accepted {got}"
-        elif re.fullmatch(r"\+?[0-9.eE+-]+", text, re.ASCII):
-            why = f"target proofs/hr must be a plain decimal with at most 2 decimals and no sign or exponent, e.g. 7.5 {got}"
-        else:
-            why = f"target proofs/hr must be a number, e.g. 120 {got}"
-        raise forms.ValidationError(why)
-    value = float(text)
-    if value > TARGET_MAX:
-        raise forms.ValidationError(f"target proofs/hr must be at most 1,000,000 (got {text})")
-    return value
+    try:
+        return float(parse_number(text, "target proofs/hr", low=0, high=TARGET_MAX, places=2, example="120"))
+    except NumberError as exc:
+        raise forms.ValidationError(str(exc)) from None
+
+
+class OperatorNumberField(forms.Field):
+    """A form field for a number an operator types, read by ``fleet.numbers.parse_number``
+    (plain ASCII decimals in ``[low, high]``; ``whole`` for counts). Cleans to an int or a float."""
+
+    def __init__(self, *, low, high, whole=False, example=None, cap_key="setting", **kwargs):
+        self.low, self.high, self.whole, self.example, self.cap_key = low, high, whole, example, cap_key
+        super().__init__(**kwargs)
+
+    def to_python(self, value):
+        """Parse the submitted text strictly; raises ``ValidationError`` naming the field."""
+        text = str(value or "").strip()
+        if not text:
+            return None
+        if error := too_long_error(str(self.label), text, self.cap_key):
+            raise ValidationError(error, code="max_length")
+        try:
+            return parse_number(text, str(self.label), low=self.low, high=self.high, whole=self.whole,
+                                example=self.example)
+        except NumberError as exc:
+            raise ValidationError(str(exc), code="invalid") from None
 
 
 class TargetField(forms.Field):
@@ -104,13 +113,8 @@ class MessageForm(forms.Form):
 class EnqueueForm(forms.Form):
     """How many demo proving tasks to add to the local queue."""
 
-    n = forms.IntegerField(
-        label="tasks",
-        min_value=1,
-        max_value=10_000,
-        initial=5,
-        error_messages={"invalid": "the number of tasks must be a whole number, e.g. 5"},
-    )
+    n = OperatorNumberField(label="the number of tasks", low=1, high=10_000, whole=True, example="5", initial=5,
+                            error_messages={"required": "the number of tasks must be a whole number, e.g. 5"})
 
 
 class DecisionForm(forms.Form):
@@ -204,9 +208,9 @@ class SettingsForm(forms.Form):
         policy = {key: (self.cleaned_data[name] or None) for key, name in self.policy_fields}
         limits = {}
         for key, name in self.limit_fields:
-            raw = self.cleaned_data[name]
-            limits[key] = [part.strip() for part in raw.strip("[]").split(",") if part.strip()] if "," in raw or key in (
-                "launch_rate", "repeat_reminders") else raw
+            # the text as typed: ``agent.actions.validate_overrides`` reads numbers and lists by the one
+            # rule (``fleet.numbers``), so "[[6, 600]]" or "1e-320" are refused there, not reshaped here
+            limits[key] = self.cleaned_data[name]
         return policy, limits
 
     def field_name(self, dotted: str) -> str | None:

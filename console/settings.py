@@ -6,7 +6,6 @@ Bad values stop the process with one line that names the setting and what to do
 
 import os
 import re
-import secrets
 from datetime import timedelta
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -82,18 +81,18 @@ VAR_DIR = Path(os.environ.get("WARDEN_VAR_DIR") or BASE_DIR / "var").resolve()
 VAR_DIR.mkdir(parents=True, exist_ok=True)
 
 
-def _secret_key() -> str:
-    key = os.environ.get("WARDEN_SECRET_KEY")
-    if key:
-        return key
-    path = VAR_DIR / "secret_key"
-    if not path.exists():
-        path.write_text(secrets.token_urlsafe(50))
-        path.chmod(0o600)
-    return path.read_text().strip()
+def _secret_key() -> tuple[str, bool]:
+    """``(key, replaced)`` (``console.secret_key``); a published ``WARDEN_SECRET_KEY`` stops with one line."""
+    from console.secret_key import PublishedKeyError, load_secret_key
+
+    try:
+        return load_secret_key(VAR_DIR)
+    except PublishedKeyError as exc:
+        raise SystemExit(f"warden: bad WARDEN_SECRET_KEY: {exc}") from None
 
 
-SECRET_KEY = _secret_key()
+#: SECRET_KEY_REPLACED: the key file held a published key and was given a new one at this start
+SECRET_KEY, SECRET_KEY_REPLACED = _secret_key()
 DEBUG = envbool("WARDEN_DEBUG", False)
 ALLOWED_HOSTS = env.list("WARDEN_ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env.list("WARDEN_CSRF_TRUSTED_ORIGINS", default=[])
@@ -273,6 +272,8 @@ LOGOUT_REDIRECT_URL = "login"
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
 STATICFILES_DIRS = [BASE_DIR / "static"]
+# a ../ path is "not found" (404), never a SuspiciousFileOperation (500): console/staticfinders.py
+STATICFILES_FINDERS = ["console.staticfinders.SafeFileSystemFinder", "console.staticfinders.SafeAppDirectoriesFinder"]
 TIME_ZONE = "UTC"
 USE_TZ = True
 LANGUAGE_CODE = "en-us"

@@ -15,6 +15,8 @@ never a password), announces ``users-changed`` after commit and updates the user
 call these.
 """
 
+import unicodedata
+
 from django.contrib.auth.models import Group, User
 from django.contrib.auth.password_validation import validate_password
 from django.contrib.auth.validators import UnicodeUsernameValidator
@@ -23,6 +25,7 @@ from django.db import transaction
 
 from agent.actions import do_audit
 from fleet.events import emit
+from fleet.skeleton import skeleton
 
 #: the roles a user can be given (superusers are made with ``createsuperuser``)
 ROLES = ("operator", "viewer")
@@ -34,6 +37,28 @@ PASSWORD_CAP = 1024
 
 class UserError(ValueError):
     """A user change that cannot be made; the message names the field and what to do."""
+
+
+def normalise_username(username: str) -> str:
+    """``username`` as it is stored: surrounding spaces stripped, Unicode NFKC (full-width
+    ``ｏｐｅｒａｔｏｒ`` is ``operator``; Django's own ``normalize_username`` does the same at save)."""
+    return unicodedata.normalize("NFKC", (username or "").strip())
+
+
+def username_key(username: str) -> str:
+    """What two usernames must not share: the UTS #39 confusable skeleton of the NFKC form, case
+    folded (``fleet.skeleton.skeleton``). ``operator``, ``OPERATOR``, ``оperator`` (a Cyrillic о) and
+    ``0perator`` have one key, so only the first of them can exist."""
+    return skeleton(normalise_username(username).casefold()).casefold()
+
+
+def clashing_user(username: str) -> User | None:
+    """The existing user whose name :func:`username_key` cannot tell from ``username`` (None when none)."""
+    key = username_key(username)
+    for user in User.objects.only("pk", "username").order_by("pk"):
+        if username_key(user.username) == key:
+            return user
+    return None
 
 
 def role_of(user) -> str:
@@ -87,18 +112,24 @@ def _after_commit(user_id: int, event: dict) -> None:
 def do_add_user(username: str, role: str, password: str, *, actor: str, reason: str = "") -> User:
     """Create ``username`` with ``role`` and ``password`` (Django's password validators apply).
 
-    Raises :class:`UserError` for a bad or taken name, an unknown role or a weak password; nothing
+    The name is normalised first (:func:`normalise_username`, NFKC) and refused when an existing
+    name has the same :func:`username_key` (case, width and UTS #39 confusables ignored).
+    Raises :class:`UserError` for a bad, taken or look-alike name, an unknown role or a weak password; nothing
     is written then. Audited as ``add_user`` with the role (never the password)."""
-    username = (username or "").strip()
+    typed = (username or "").strip()
+    username = normalise_username(typed)
     if not username or len(username) > 150:
         raise UserError("username: 1 to 150 characters (letters, digits and @/./+/-/_)")
     try:
         UnicodeUsernameValidator()(username)
     except ValidationError:
-        raise UserError(f"username {username!r}: use letters, digits and @/./+/-/_ only") from None
+        raise UserError(f"username {typed!r}: use letters, digits and @/./+/-/_ only") from None
     _check_role(role)
-    if User.objects.filter(username=username).exists():
-        raise UserError(f"username {username!r} is taken; change that user's role instead")
+    if (other := clashing_user(username)) is not None:
+        same = other.username == username
+        raise UserError(f"username {typed!r} is taken; change that user's role instead" if same else
+                        f"username {typed!r} looks like the existing user {other.username!r} (the same letters up to case, "
+                        "width or look-alike characters from other scripts); choose a name that differs in its letters")
     if not password or len(password) > PASSWORD_CAP:
         raise UserError(f"password: 1 to {PASSWORD_CAP} characters")
     candidate = User(username=username)

@@ -7,5 +7,7 @@ class FleetConfig(AppConfig):
 
     def ready(self):
         from fleet.cost import track_saves
+        from fleet.secrets import install_field_redaction
 
+        install_field_redaction()  # every text column of agent and fleet is redacted where it is written
         track_saves()  # every Instance status change becomes a StatusChange row (billing periods)

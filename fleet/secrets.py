@@ -1,9 +1,10 @@
-"""Secrets are referenced, resolved at use, and redacted everywhere text leaves the runtime.
+"""Secrets are referenced, resolved at use, and redacted where text enters.
 
-DESIGN.md invariant 6 and seed 003 ("reference, not plaintext"). :func:`resolve` turns a
-reference (``env:NAME`` or ``file:/path``) into the value at the moment of use; :func:`redact`
-removes secret-shaped strings from any text before it is stored, logged, broadcast, rendered or
-sent to the model.
+Seed 003 ("reference, not plaintext"). :func:`resolve` turns a reference (``env:NAME`` or
+``file:/path``) into the value at the moment of use; :func:`redact` removes secret-shaped strings
+from any text. Stored text is redacted once, where it is written: every text column of ``agent``
+and ``fleet`` (:func:`install_field_redaction`); logs by :class:`RedactingFilter`; what is sent
+without being stored (the chat stream) by its sender. ``docs/secrets.md`` tells the whole rule.
 
 Which shapes are secrets (the one list; ``tests/secret_corpus.py`` holds an example of each):
 
@@ -36,6 +37,7 @@ once: work is proportional to the input (``bench/redaction.py`` measures it,
 ``tests/test_regex_fuzz.py`` bounds every pattern and fuzzes the redactor).
 """
 
+import functools
 import logging
 import os
 import re
@@ -180,6 +182,23 @@ def redact(text: str) -> str:
     return "".join(out)
 
 
+#: texts up to this many characters are memoised by :func:`redact_cached` (provider fields, statuses
+#: and labels repeat on every instance and every cycle)
+CACHED_MAX = 1024
+
+
+@functools.lru_cache(maxsize=8192)
+def _redact_short(text: str) -> str:
+    return redact(text)
+
+
+def redact_cached(text: str) -> str:
+    """:func:`redact`, memoised for texts of at most :data:`CACHED_MAX` characters."""
+    if isinstance(text, str) and len(text) <= CACHED_MAX:
+        return _redact_short(text)
+    return redact(text)
+
+
 def redact_obj(obj):
     """Redact every string inside a JSON-shaped object (dicts, lists, tuples, scalars); dict keys too."""
     if isinstance(obj, str):
@@ -256,3 +275,76 @@ class RedactingFilter(logging.Filter):
         if clean != msg:
             record.msg, record.args = clean, ()
         return True
+
+
+# --- redaction where text enters: every text column Warden stores --------------------------------
+
+#: the apps whose stored text is redacted on every write (their managed models; Curio's own tables,
+#: unmanaged models of ``fleet.harmony``, are Curio's data and are not written by Warden except the
+#: demo queue and the cordon flag)
+REDACTED_APPS = ("agent", "fleet")
+
+
+def text_fields(app_labels=REDACTED_APPS):
+    """``(model, field)`` for every ``CharField``/``TextField``/``JSONField`` (subclasses too) of
+    every managed model of ``app_labels``: the columns :func:`install_field_redaction` covers."""
+    from django.apps import apps
+    from django.db import models
+
+    for model in apps.get_models():
+        if model._meta.app_label in app_labels and model._meta.managed:
+            for field in model._meta.concrete_fields:
+                if isinstance(field, models.CharField | models.TextField | models.JSONField):
+                    yield model, field
+
+
+def redact_value(field, value):
+    """``value`` as the column ``field`` stores it: a string redacted (:func:`redact_cached`), a
+    JSON value redacted throughout (:func:`redact_obj`; keys too), anything else (``None``, a
+    number, a query expression) unchanged. A redacted string longer than the field's
+    ``max_length`` (the mark is 10 characters) is cut to it."""
+    if isinstance(value, str):
+        clean = redact_cached(value)
+    elif isinstance(value, dict | list | tuple):
+        clean = redact_obj(value)
+    else:
+        return value
+    if clean == value:
+        return value
+    cap = getattr(field, "max_length", None)
+    if isinstance(clean, str) and cap and len(clean) > cap:
+        clean = clean[:cap]
+    return clean
+
+
+def install_field_redaction(app_labels=REDACTED_APPS) -> int:
+    """Make every text column of ``app_labels`` (:func:`text_fields`) redact what is written to it.
+
+    The one redaction point for stored text (a model field written from a provider, a worker, a
+    log, the model or an operator): each field's ``pre_save`` (``save()``, ``create()``,
+    ``bulk_create()``: the instance keeps the redacted value too) and its ``get_db_prep_value``
+    (also ``QuerySet.update()`` and exact lookups, so ``filter(key=raw)`` finds the row stored
+    from the same raw text) pass the value through :func:`redact_value`. Fields are patched in
+    place, so migrations see no change and a field added later is covered by the same loop.
+    Called once from ``fleet.apps.FleetConfig.ready``; returns how many fields it covered
+    (idempotent)."""
+    n = 0
+    for _model, field in text_fields(app_labels):
+        n += 1
+        if getattr(field, "_warden_redacts", False):
+            continue
+        orig_pre_save, orig_prep = field.pre_save, field.get_db_prep_value
+
+        def pre_save(model_instance, add, _orig=orig_pre_save, _field=field):
+            value = _orig(model_instance, add)
+            clean = redact_value(_field, value)
+            if clean is not value:
+                setattr(model_instance, _field.attname, clean)
+            return clean
+
+        def get_db_prep_value(value, connection, prepared=False, _orig=orig_prep, _field=field):
+            return _orig(redact_value(_field, value), connection, prepared)
+
+        field.pre_save, field.get_db_prep_value = pre_save, get_db_prep_value
+        field._warden_redacts = True
+    return n

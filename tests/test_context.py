@@ -231,7 +231,7 @@ def test_calibration_from_reported_prompt_tokens_keeps_the_budget():
 
     t = Trace(new_run())
     for i in range(40):
-        t.call(args={"status": f"c{i}"}, observation="ok: true\n" + "c" * 200)
+        t.call(args={"status": f"c{i}"}, observation="ok: true\n" + "z" * 200)  # not hex: 64+ hex digits are redacted where stored
     try:
         before = build_context(budget_tokens=3000)
         assert before.factor == 1.0 and before.tokens <= 3000

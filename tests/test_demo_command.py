@@ -20,12 +20,18 @@ def test_it_enqueues_n_tasks_of_a_name(local_fleet, capsys):
     assert "enqueued 3 UpdateProve" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("n", ["0", "-2", "many", "1.5"])
-def test_it_refuses_a_count_that_is_not_a_positive_whole_number(local_fleet, n):
+@pytest.mark.parametrize(("n", "says"), [
+    ("0", "must be between 1 and 10,000"), ("-2", "cannot be negative"), ("many", "must be a whole number"),
+    ("1.5", "must be a whole number"), ("１０", "digits 0-9"), ("٤", "digits 0-9"), ("1_0", "no _ or space separators"),
+    ("1e3", "no sign or exponent"), ("-0", "not even -0"), ("[5]", "not a list"),
+])
+def test_it_refuses_a_count_that_is_not_a_positive_whole_number(local_fleet, n, says):
+    # the operator-number rule (fleet.numbers), as on the dashboard's form
     with pytest.raises(CommandError) as err:
         call_command("demo", "enqueue", n)
 
-    assert "N must be a positive whole number" in str(err.value)
+    assert str(err.value).startswith("demo enqueue: N ") and says in str(err.value), str(err.value)
+    assert "\n" not in str(err.value)
     assert not HarmonyTask.objects.exists()
 
 

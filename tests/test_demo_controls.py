@@ -27,7 +27,7 @@ def test_it_explains_a_bad_count_and_keeps_it(client, alice):
     before = HarmonyTask.objects.count()
     client.force_login(alice)
     html = client.post("/actions/demo/enqueue/", {"n": "-3"}, headers=HX).content.decode()
-    assert "greater than or equal to 1" in html and 'value="-3"' in html
+    assert "the number of tasks must be a plain decimal with no sign" in html and 'value="-3"' in html
     html = client.post("/actions/demo/enqueue/", {"n": "lots"}, headers=HX).content.decode()
     assert "must be a whole number" in html
     assert HarmonyTask.objects.count() == before

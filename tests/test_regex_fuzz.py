@@ -100,10 +100,13 @@ DYNAMIC = [
 #: agent/replay/file_format.py: a JSON string literal as the unrolled loop ``"[^"\\]*(?:\\.[^"\\]*)*"`` —
 #: every character has one way to match — and single brackets; console/settings.py: the operator's
 #: own HARMONY_DATABASE_URL search_path, comma-separated names, one way to match each, and a variable's name; file_format
-#: also single surrogate characters and escapes; console/forms.py: the target's fixed-width shape)
+#: also single surrogate characters and escapes; fleet/numbers.py: an operator's number, a bounded
+#: digit shape and, to name the reason, ``[0-9.]*[eE][0-9+\-]*`` (no class overlaps the next: one
+#: way to match); agent/management/commands/replay.py: a temporary folder's name, digits between
+#: fixed words)
 CALL_SITES = {"agent/breakers.py": 1, "agent/report.py": 3, "agent/untrusted.py": 20, "fleet/diagnostics.py": 8,
               "fleet/providers/local.py": 1, "fleet/providers/vastai.py": 5, "fleet/secrets.py": 10, "agent/replay/file_format.py": 4,
-              "console/settings.py": 2, "console/forms.py": 2,
+              "console/settings.py": 2, "fleet/numbers.py": 2, "agent/management/commands/replay.py": 1,
               "agent/chat_answer.py": 1, "agent/memory.py": 3}
 
 

@@ -22,7 +22,7 @@ from tests.console_support import HX
     ("inf", "must be a number"),
     ("NaN", "must be a number"),
     ("1_000", "must be a number"),
-    ("2000000", "at most 1,000,000"),
+    ("2000000", "must be between 0 and 1,000,000"),
 ])
 def test_the_dashboard_refuses_a_target_that_is_not_a_plain_number(client, alice, text, says):
     SessionState.objects.update_or_create(pk=1, defaults={"target_proofs_hr": 90})

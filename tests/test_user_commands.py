@@ -103,3 +103,33 @@ def test_a_superusers_role_is_not_changed_from_setrole():
         call_command("setrole", "root", "viewer")
     with pytest.raises(CommandError, match="root is the last active superuser"):
         call_command("deactivateuser", "root")
+
+
+@pytest.mark.parametrize("name", ["ｏｐｅｒａｔｏｒ", "OPERATOR", "\u043eperator"])
+def test_adduser_refuses_a_look_alike_name_with_one_line(name, pwfile):
+    User.objects.create_user("operator", password="x")
+    with pytest.raises(CommandError) as exc:
+        call_command("adduser", name, "--role", "viewer", "--password-file", pwfile, stdout=io.StringIO())
+    message = str(exc.value)
+    assert "\n" not in message and ("is taken" in message or "looks like the existing user 'operator'" in message)
+    assert User.objects.count() == 1
+
+
+def test_adduser_stores_a_full_width_name_in_its_plain_form(pwfile):
+    assert run("adduser", "ｃａｒｏｌ", "--role", "viewer", "--password-file", pwfile).strip() == "added carol as viewer"
+    assert Client().login(username="carol", password=PASSWORD)
+
+
+@pytest.mark.timeout(30)  # a regression blocks on the FIFO: fail, do not hang
+def test_adduser_refuses_a_fifo_as_the_password_file_at_once(tmp_path):
+    import os
+
+    fifo = tmp_path / "pw.fifo"
+    os.mkfifo(fifo)  # no writer: opening it for reading would block for ever
+    with pytest.raises(CommandError, match=r"--password-file .*pw.fifo: a FIFO; put the password alone in a regular file"):
+        call_command("adduser", "carol", "--role", "viewer", "--password-file", str(fifo), stdout=io.StringIO())
+    with pytest.raises(CommandError, match="a directory"):
+        call_command("adduser", "carol", "--role", "viewer", "--password-file", str(tmp_path), stdout=io.StringIO())
+    with pytest.raises(CommandError, match="not a regular file"):
+        call_command("adduser", "carol", "--role", "viewer", "--password-file", "/dev/zero", stdout=io.StringIO())
+    assert not User.objects.filter(username="carol").exists()

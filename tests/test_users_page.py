@@ -99,3 +99,26 @@ def test_operators_and_viewers_cannot_see_or_use_the_users_page(client, alice, b
     client.logout()
     resp = client.get("/users/")
     assert resp.status_code == 302 and resp["Location"].startswith("/login/")
+
+
+@pytest.mark.parametrize("name", ["ｏｐｅｒａｔｏｒ", "OPERATOR", "Operator", "\u043eperator", "0perator", "оpеrаtоr"])
+def test_a_name_that_looks_like_an_existing_one_is_a_400_not_a_500(client, root, name):
+    # full width (NFKC folds it to "operator"), upper case, a Cyrillic о, a zero for an O, all Cyrillic vowels
+    User.objects.create_user("operator", password="x")
+    client.force_login(root)
+    resp = client.post("/users/add/", {"username": name, "role": "viewer", "password1": PASSWORD, "password2": PASSWORD})
+    assert resp.status_code == 400
+    body = resp.content.decode()
+    assert "is taken" in body or "looks like the existing user &#x27;operator&#x27;" in body, body[:2000]
+    assert User.objects.count() == 2
+    assert not AuditLog.objects.filter(verb="add_user").exists()
+
+
+@pytest.mark.parametrize("name", ["operator2", "opera", "ｃａｒｏｌ"])
+def test_near_miss_names_that_differ_in_their_letters_are_added(client, root, name):
+    User.objects.create_user("operator", password="x")
+    client.force_login(root)
+    resp = client.post("/users/add/", {"username": name, "role": "viewer", "password1": PASSWORD, "password2": PASSWORD})
+    assert resp.status_code == 302, resp.content.decode()[:2000]
+    # stored in its NFKC form: a full-width name is the plain one
+    assert User.objects.filter(username=name if name.isascii() else "carol").exists()

@@ -46,6 +46,7 @@ from pydantic import (
 )
 
 from agent.pipeline import MAX_BATCH_CALLS
+from fleet.numbers import NumberError, parse_number
 
 MAX_FILE_BYTES = 32 * 1024 * 1024
 MAX_DEPTH = 64
@@ -53,6 +54,13 @@ MAX_MINUTES = 1e6
 MAX_COUNT = 10**9
 MAX_FLEET = 10_000
 MAX_TIMELINE = 1_000
+#: the most ``steps`` (or ``model_responses``) a file may hold: a run plays at most ``max_steps``
+#: (at most 100) turns, plus its resumes; more is never played, only validated (10^6 took minutes)
+MAX_STEPS = 1_000
+#: the most operator decisions a file may hold (top level and every timeline moment together)
+MAX_DECISIONS = 1_000
+#: the most work a file may ask for, in instance × cycle × turn units (:func:`work_units`)
+MAX_WORK = 500_000
 MAX_PROBLEMS = 3
 
 Minutes = Annotated[float, Field(ge=0, le=MAX_MINUTES, allow_inf_nan=False)]
@@ -566,10 +574,16 @@ def check_objectives(v: dict) -> dict:
             raise ValueError(f"objective {key!r} must be a number, not a list")
         numbers = value if isinstance(value, list) else [value]
         for x in numbers:
+            if isinstance(x, list | dict):
+                raise ValueError(f"objective {key!r} must be a flat list of numbers, not a nested list")
             if isinstance(x, bool) or not isinstance(x, int | float):
                 raise ValueError(f"objective {key!r} must be a number (got {x!r}; strings and booleans are not read as numbers)")
             if x != x or x in (float("inf"), float("-inf")):
                 raise ValueError(f"objective {key!r} must be finite")
+            try:  # the operator-number rule, on the number as the file wrote it (1e-320, -0 refused)
+                parse_number(x, f"objective {key!r}", low=0, high=float("inf"))
+            except NumberError as exc:
+                raise ValueError(str(exc)) from None
     target = v.get("target_proofs_hr", 0)
     if not 0 <= target <= MAX_COUNT:
         raise ValueError(f"objective 'target_proofs_hr' must be a number between 0 and 10^9 (got {target!r})")
@@ -732,17 +746,34 @@ def _pairs(pairs: list[tuple[str, Any]]) -> dict:
     return out
 
 
+class JsonFloat(float):
+    """A JSON number with a fraction or exponent, with the ``text`` it was written as (objectives
+    are judged by that text: ``fleet.numbers``)."""
+
+    text: str = ""
+
+
+class JsonInt(int):
+    """A JSON integer with the ``text`` it was written as (``-0`` is 0, but was typed with a sign)."""
+
+    text: str = ""
+
+
 def _float(text: str):
     value = float(text)
     if value in (float("inf"), float("-inf")):
         return _Bad(f"{text} is out of range for a number")
-    return value
+    out = JsonFloat(value)
+    out.text = text
+    return out
 
 
 def _int(text: str):
     if len(text.lstrip("-")) > 20:
         return _Bad(f"an integer of {len(text.lstrip('-'))} digits is out of range")
-    return int(text)
+    out = JsonInt(text)
+    out.text = text
+    return out
 
 
 def _constant(name: str):
@@ -886,6 +917,55 @@ def _message(err: dict) -> str:
     return _clip(msg, 300)
 
 
+def _count(value) -> int:
+    return len(value) if isinstance(value, list) else 0
+
+
+def work_units(raw: dict) -> tuple[int, int, int, int]:
+    """``(units, instances, cycles, turns)``: an upper bound of the work the file ``raw`` (its JSON,
+    not yet validated) asks of a replay, ``instances × cycles × turns``.
+
+    ``instances``: the fleet, plus every offer (a launch rents one) and every timeline fleet entry
+    (each may add one); ``cycles``: cycle 0 plus one per timeline moment; ``turns``: the planner
+    turns of a run, ``1 + min(steps, max_steps)`` for ``script`` (``model_responses`` for ``llm``),
+    ``max_steps`` for ``rules`` (``max_steps`` from the objectives when it is a whole number from 1
+    to 100, else the default 12). Each cycle syncs and judges every instance, and each turn may list
+    them all, so the product bounds the rows written and read."""
+    timeline = [m for m in raw.get("timeline") or [] if isinstance(m, dict)] if isinstance(raw.get("timeline"), list) else []
+    instances = _count(raw.get("fleet")) + _count(raw.get("offers")) + sum(_count(m.get("fleet")) for m in timeline)
+    cycles = 1 + _count(raw.get("timeline"))
+    objectives = raw.get("objectives") if isinstance(raw.get("objectives"), dict) else {}
+    max_steps = objectives.get("max_steps")
+    max_steps = max_steps if isinstance(max_steps, int) and not isinstance(max_steps, bool) and 1 <= max_steps <= 100 else 12
+    played = max(_count(raw.get("steps")), _count(raw.get("model_responses")))
+    turns = max_steps if raw.get("planner") == "rules" else 1 + min(played, max_steps)
+    instances = max(1, instances)
+    return instances * cycles * turns, instances, cycles, turns
+
+
+def check_bounds(raw: dict, path) -> None:
+    """Refuse a file that asks for more than a replay does, before it is validated or run: more
+    than :data:`MAX_STEPS` steps or model responses, :data:`MAX_DECISIONS` decisions, or
+    :data:`MAX_WORK` units of :func:`work_units`. Raises :class:`ScenarioFileError` (one line)."""
+    for key in ("steps", "model_responses"):
+        if _count(raw.get(key)) > MAX_STEPS:
+            raise ScenarioFileError(f"{path}: {key}: {_count(raw.get(key)):,} entries; a replay plays at most {MAX_STEPS:,} "
+                                    "(a run takes at most max_steps turns, 100 at most, plus its resumes)")
+    operator = raw.get("operator") if isinstance(raw.get("operator"), dict) else {}
+    timeline = raw.get("timeline") if isinstance(raw.get("timeline"), list) else []
+    decisions = _count(operator.get("decisions")) + sum(
+        _count(m["operator"].get("decisions")) for m in timeline if isinstance(m, dict) and isinstance(m.get("operator"), dict))
+    if decisions > MAX_DECISIONS:
+        raise ScenarioFileError(f"{path}: operator decisions: {decisions:,} in all (top level and timeline); a replay reads "
+                                f"at most {MAX_DECISIONS:,}")
+    units, instances, cycles, turns = work_units(raw)
+    if units > MAX_WORK:
+        raise ScenarioFileError(
+            f"{path}: the file asks for too much work: {instances:,} instances (fleet, offers and timeline fleet entries) "
+            f"× {cycles:,} cycles × {turns:,} planner turns = {units:,} units; a replay does at most {MAX_WORK:,} "
+            "(docs/replay.md \"Bounds\"): use fewer moments, a smaller fleet or fewer steps")
+
+
 def load_scenario(path: str | Path) -> tuple[Scenario, dict]:
     """Read and validate ``path``; returns (the model, the raw JSON dict).
 
@@ -895,6 +975,7 @@ def load_scenario(path: str | Path) -> tuple[Scenario, dict]:
     raw = read_json(path)
     if not isinstance(raw, dict):
         raise ScenarioFileError(f"{path}: the file must hold one JSON object")
+    check_bounds(raw, path)  # the work it asks for, before any of it (validation included) is done
     try:
         sc = Scenario.model_validate(raw)
     except ValidationError as exc:

@@ -8,11 +8,20 @@ broker is in memory — nothing outside the process is touched. The child runs
 :func:`agent.replay.run_scenario` and prints the report.
 
 Exit status: 0 every expectation holds (or the file has no ``expect``), 1 some do not (the
-mismatches are listed), 2 the file is invalid, 3 the replay itself crashed (traceback on stderr).
+mismatches are listed), 2 the file is invalid or asks for more work than a replay does
+(``agent.replay.file_format.check_bounds``), 3 the replay itself crashed (traceback on stderr),
+130/143 it was interrupted (Ctrl-C / SIGTERM).
+
+The temporary folder is always removed: when the child ends however it ends, when this process is
+interrupted (Ctrl-C, SIGTERM, SIGHUP: the child is killed first), and, for a parent that was
+SIGKILLed, by the next replay (a folder named for a process that no longer runs is removed).
 """
 
 import json
 import os
+import re
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -23,6 +32,48 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 
 CHILD_ENV = "WARDEN_REPLAY_DB_DIR"
+#: the temporary folder's name: ``warden-replay-<parent pid>-<random>``
+TMP_PREFIX = "warden-replay-"
+_TMP_NAME = re.compile(r"warden-replay-(\d+)-")
+
+
+class _Stopped(Exception):
+    """SIGTERM or SIGHUP reached the parent (the exit status is 128 + the signal)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _stop(signum, frame):
+    raise _Stopped(signum)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_folders(root: str | None = None) -> list[str]:
+    """Remove the temporary folders of replays whose parent process no longer runs (one killed with
+    SIGKILL could not clean up); returns the folders removed."""
+    root = root or tempfile.gettempdir()
+    removed = []
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return removed
+    for name in names:
+        m = _TMP_NAME.match(name)
+        if m and int(m.group(1)) != os.getpid() and not _alive(int(m.group(1))):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+            removed.append(name)
+    return removed
 
 
 class Command(BaseCommand):
@@ -49,8 +100,13 @@ class Command(BaseCommand):
         raise SystemExit(self._replay(sc, raw, path, opts["json"], db_dir))
 
     def _reexec(self, path: str, as_json: bool) -> int:
-        """Run this command again in a child whose databases are fresh files in a temp directory."""
-        with tempfile.TemporaryDirectory(prefix="warden-replay-") as tmp:
+        """Run this command again in a child whose databases are fresh files in a temp directory;
+        the directory is removed whatever happens (see the module docstring)."""
+        remove_stale_folders()
+        tmp = tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{os.getpid()}-")
+        previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+        proc = None
+        try:
             env = dict(os.environ)
             env.update(
                 {
@@ -68,7 +124,24 @@ class Command(BaseCommand):
             if as_json:
                 cmd.append("--json")
             self.stdout.flush()
-            return subprocess.run(cmd, env=env, cwd=settings.BASE_DIR, check=False).returncode
+            # the child ignores Ctrl-C (the terminal sends it to both): the parent stops it and cleans up
+            proc = subprocess.Popen(cmd, env=env, cwd=settings.BASE_DIR,
+                                    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+            return proc.wait()
+        except KeyboardInterrupt:
+            self.stderr.write("replay: interrupted; the replay was stopped and its temporary folder removed")
+            return 130
+        except _Stopped as exc:
+            self.stderr.write(f"replay: stopped by signal {exc.signum}; the replay was stopped and its temporary "
+                              "folder removed")
+            return 128 + exc.signum
+        finally:
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            shutil.rmtree(tmp, ignore_errors=True)
 
     def _replay(self, sc, raw, path: str, as_json: bool, db_dir: str) -> int:
         """In the child: refuse anything but the throwaway database, migrate it, replay, print."""

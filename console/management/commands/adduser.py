@@ -3,12 +3,14 @@
 Creates a console user with a role (``console.users.do_add_user``, audited as ``cli:<you>``).
 The password comes from ``--password-file`` (its first line; the file is read, never stored or
 printed) or, in a terminal, from a prompt typed twice. Django's password validators apply.
-Exit 1 with one line naming what was wrong (taken name, weak password, unreadable file).
+Exit 1 with one line naming what was wrong (taken or look-alike name, weak password, unreadable
+file, a FIFO or a device given as the password file).
 """
 
 import getpass
+import os
+import stat
 import sys
-from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
@@ -17,9 +19,20 @@ from console.users import PASSWORD_CAP, ROLES, UserError, do_add_user
 
 
 def read_password_file(path: str) -> str:
-    """The first line of ``path`` (without its newline); :class:`CommandError` when unreadable or empty."""
+    """The first line of ``path`` (without its newline); :class:`CommandError` when unreadable, empty
+    or not a regular file. The file is checked by ``stat`` before it is opened (a FIFO with no writer
+    would block for ever, a device would never end) and opened non-blocking, as replay reads its files."""
     try:
-        with Path(path).open(encoding="utf-8") as fh:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            kind = "a directory" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else \
+                "not a regular file"
+            raise CommandError(f"--password-file {path}: {kind}; put the password alone in a regular file")
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped between the stat and the open
+            os.close(fd)
+            raise CommandError(f"--password-file {path}: not a regular file; put the password alone in a regular file")
+        with os.fdopen(fd, encoding="utf-8") as fh:
             line = fh.readline(PASSWORD_CAP + 2)
     except (OSError, UnicodeDecodeError) as exc:
         raise CommandError(f"--password-file {path}: cannot read it ({getattr(exc, 'strerror', None) or exc})") from None

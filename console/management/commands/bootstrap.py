@@ -4,7 +4,8 @@ In order: start the bundled redis-server under ``var/redis`` when REDIS_URL is u
 answers on 127.0.0.1:WARDEN_EMBEDDED_REDIS_PORT yet); migrate the ``default`` database (the
 ``harmony`` alias holds only Curio's tables, which the demo creates); create the operator login;
 prepare the local demo queue (``fleet.demo.prepare()``); create or refresh the beat schedule.
-Idempotent: running it again changes only what drifted. ``--stop-workers`` stops the local demo
+A key file holding a published secret key (``console.secret_key``) was given a new key when the
+settings loaded; bootstrap then deletes every stored session and says so. Idempotent: running it again changes only what drifted. ``--stop-workers`` stops the local demo
 workers and ``--stop-redis`` the bundled redis (``make stop`` does both, workers first).
 
 Every failure that stops it is one line on stderr naming the setting and what to do (exit 1).
@@ -35,6 +36,14 @@ from console.users import GROUPS
 OPERATORS_GROUP = GROUPS["operator"]  # the role groups: console.users
 VIEWERS_GROUP = GROUPS["viewer"]
 MONITOR_INTERVAL_S = 60  # the fleet monitor's lifecycle rules (DESIGN.md "Fleet")
+
+
+def end_sessions() -> int:
+    """Delete every stored session (after the secret key changed); returns how many there were."""
+    from django.contrib.sessions.models import Session
+
+    n, _ = Session.objects.all().delete()
+    return n
 
 
 def schedules() -> list[tuple[str, str, list, int]]:
@@ -301,6 +310,10 @@ class Command(BaseCommand):
 
         migrate_default(verbosity=max(0, verbosity - 1))
         self.stdout.write("database: migrated")
+        if settings.SECRET_KEY_REPLACED:
+            ended = end_sessions()
+            self.stdout.write(f"secret key: the key file held a published key; a new key was written and "
+                              f"{ended} session(s) ended (everyone signs in again)")
 
         user, generated, created = ensure_operator()
         if generated:

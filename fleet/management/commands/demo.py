@@ -8,6 +8,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from fleet import demo
 from fleet.demand.base import DemandError
+from fleet.numbers import NumberError, parse_number
 
 
 class Command(BaseCommand):
@@ -27,13 +28,10 @@ class Command(BaseCommand):
                 created = demo.prepare()
                 self.stdout.write("created " + ", ".join(created) if created else "harmony tables already exist")
             elif action == "enqueue":
-                raw = opts["n"]
-                try:
-                    n = int(raw)
-                except ValueError:
-                    n = None
-                if n is None or n < 1:
-                    raise CommandError(f"demo enqueue: N must be a positive whole number, got {raw!r}")
+                try:  # the operator-number rule: "１０", "1_0", "1e3" and "-0" are refused
+                    n = parse_number(opts["n"], "demo enqueue: N", low=1, high=10_000, whole=True, example="20")
+                except NumberError as exc:
+                    raise CommandError(str(exc)) from None
                 ids = demo.enqueue(n, name=opts["name"])
                 self.stdout.write(f"enqueued {len(ids)} {opts['name']} task(s): ids {ids[0]}..{ids[-1]}")
             elif action == "kill-worker":
