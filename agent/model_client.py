@@ -177,7 +177,7 @@ def _named_window(exc: openai.APIStatusError) -> int | None:
     import re
 
     text = exc.response.text if exc.response is not None else str(exc)
-    m = re.search(r"(?:maximum context length is|n_ctx\W{0,4}|context size\W{0,4})\s*(\d{3,7})", text, re.I)
+    m = re.search(r"(?:maximum context length is|n_ctx|context size)[^0-9]{0,8}(\d{3,7})", text, re.I)
     return int(m.group(1)) if m else None
 
 
