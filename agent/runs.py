@@ -170,7 +170,7 @@ class LockKeeper(threading.Thread):
         self._stop_event.set()
 
     def run(self) -> None:
-        from django.db import connection
+        from django.db import connections
 
         while not self._stop_event.wait(self.every):
             if self.until is not None and time.monotonic() > self.until:
@@ -183,7 +183,7 @@ class LockKeeper(threading.Thread):
                 log.warning("run lock renewal failed: %s", exc)
                 n = None
             finally:
-                connection.close()
+                connections.close_all()  # this thread's own connections
             if n == 0 and not self._stop_event.is_set():
                 self.lost = "the run lock was taken over by another process while this run worked"
                 log.warning("run %s: %s", self.run_number, self.lost)
@@ -192,7 +192,7 @@ class LockKeeper(threading.Thread):
                 self.renewals += 1
 
     def _overdue(self) -> None:
-        from django.db import connection
+        from django.db import connections
 
         self.lost = (f"run {self.run_number} passed its wall clock while blocked inside one call; its run lock is no "
                      f"longer renewed and lapses within {self.ttl_s:g} s, then the next cycle fails it")
@@ -204,7 +204,7 @@ class LockKeeper(threading.Thread):
         except Exception as exc:  # noqa: BLE001 — the alert is best effort; the lapse still frees the agent
             log.warning("run_overdue alert not raised: %s", exc)
         finally:
-            connection.close()
+            connections.close_all()
 
 
 def bound_lock(run_number: int, seconds: float) -> None:
