@@ -97,3 +97,34 @@ def test_another_host_key_on_the_same_address_is_refused_with_an_alert_and_said_
             impostor.stop()
     finally:
         set_override(None)
+
+
+def test_forgethostkey_forgets_the_kept_key_audited_and_the_next_contact_keeps_the_new_one(first, tmp_path):
+    from django.core.management import CommandError, call_command
+
+    from agent.models import AuditLog
+
+    try:
+        inst = _instance(first)
+        diagnose(inst)
+        POOL.close_all()
+        first.stop()
+        rebuilt = _server(tmp_path / "rebuilt", port=first.port)
+        try:
+            (rebuilt.root / "authorized_keys").write_text((first.root / "authorized_keys").read_text())
+            assert diagnose(inst).source == "provider"  # refused until an operator says otherwise
+            with pytest.raises(CommandError, match="no live instance"):
+                call_command("forgethostkey", "r-404", reason="rebuilt")
+            call_command("forgethostkey", "r-1", reason="rebuilt by the provider, checked with them")
+            row = AuditLog.objects.get(verb="forget_host_key")
+            assert row.target == "r-1" and row.reason.startswith("rebuilt by the provider")
+            assert Alert.objects.get(kind="ssh_host_key_changed").state == "resolved"
+            POOL.close_all()
+            assert diagnose(inst).source == "ssh"
+            inst.refresh_from_db()
+            assert inst.ssh_host_key == _offered_key(rebuilt)
+        finally:
+            POOL.close_all()
+            rebuilt.stop()
+    finally:
+        set_override(None)
