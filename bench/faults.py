@@ -632,15 +632,35 @@ def model_faults(rows: dict, reps: int) -> None:
 
 # --- an operator's decision during an outage (agent/sweep.py) ------------------------------------
 def _park_p1_launch():
-    from agent.models import Approval
+    from agent.models import Approval, SessionState
     from agent.planners.script import ScriptPlanner
     from fleet import demo
 
     clean_fleet()
     demo.enqueue(1)  # the launch is still needed when it is dispatched
+    # every launch waits for an operator meanwhile: the heartbeat's own P0 launch (no live worker)
+    # would otherwise meet the queue first and make the approved one no_longer_needed
+    state = SessionState.get()
+    state.overrides = {"policy": {"launch_instance:P0": "approval", "launch_instance:monitor": "approval"}}
+    state.save()
     run = cycle_here(ScriptPlanner([
         {"tool": "launch_instance", "args": {"gpu_name": "local-cpu", "launch_priority": "P1", "reason": f"bench {time.time()}"}}]))
     return Approval.objects.get(run=run)
+
+
+def _approval_fault_done() -> None:
+    """Back to the default policy; launches the heartbeat parked meanwhile are rejected."""
+    from agent.approvals import DecisionError, do_decide
+    from agent.models import Approval, SessionState
+
+    state = SessionState.get()
+    state.overrides = {}
+    state.save()
+    for a in Approval.objects.filter(status="waiting"):
+        try:
+            do_decide(a, "reject", "user:bench", "bench: parked by a heartbeat during the fault")
+        except DecisionError:
+            pass
 
 
 def _executed_once(approval, user) -> bool:
@@ -659,10 +679,13 @@ def _executed_once(approval, user) -> bool:
 
 
 def _stalled_note(row: Row, approval) -> None:
+    from agent.models import Approval
     from fleet.models import Alert
 
+    a = Approval.objects.get(pk=approval.pk)
+    row.notes.append(f"{row.fault}: approval {a.status}: {a.outcome_detail[:200]}")
     alert = Alert.objects.filter(kind="approval_stalled", key=f"approval_stalled:{approval.pk}").first()
-    row.notes.append(f"{row.fault}: alert: {alert.message[:220]}" if alert else f"{row.fault}: no approval_stalled alert")
+    row.notes.append(f"{row.fault}: alert: {alert.message[-300:]}" if alert else f"{row.fault}: no approval_stalled alert")
 
 
 def redis_down_approval(stack: Stack, row: Row, user) -> None:
@@ -688,7 +711,7 @@ def redis_down_approval(stack: Stack, row: Row, user) -> None:
         card = " ".join(re.sub(r"<[^>]+>", " ", resp.text).split())
     except Exception as exc:  # noqa: BLE001 — reported, never hidden
         card = f"no answer: {type(exc).__name__}: {exc}"
-    said = card[card.find("approved"):][:200] if "approved" in card else card[:200]
+    said = card[card.find("approved and stored"):][:240] if "approved and stored" in card else card[-240:]
     row.notes.append(f"redis-down approval: the card said: {said}")
     if "nothing was lost" in card:
         row.failed += 1
@@ -704,6 +727,7 @@ def redis_down_approval(stack: Stack, row: Row, user) -> None:
     row.lost += int(Approval.objects.get(pk=approval.pk).status != "executed")
     row.dup += dup_launches() - before
     _stalled_note(row, approval)
+    _approval_fault_done()
 
 
 def kill_worker_after_approval(stack: Stack, row: Row, user) -> None:
@@ -738,6 +762,7 @@ def kill_worker_after_approval(stack: Stack, row: Row, user) -> None:
     row.lost += int(Approval.objects.get(pk=approval.pk).status != "executed")
     row.dup += dup_launches() - before
     _stalled_note(row, approval)
+    _approval_fault_done()
 
 
 #: the decision faults: ``--only`` name → (row name, what "recovered" means, function)
