@@ -22,6 +22,8 @@ log = logging.getLogger(__name__)
 
 #: seconds a decision is left to its own resume task before the sweep takes it up
 GRACE_S = 10.0
+#: seconds an approved call may stay undispatched (the run lock busy) before the sweep alerts anyway
+STILL_WAITING_ALERT_S = 300.0
 #: statuses of a run that is over: an approved call left in one (an older build closed it) re-parks it
 _OVER = ("done", "failed", "halted", "cancelled")
 
@@ -89,6 +91,8 @@ def _alert(entry: dict, approval: Approval | None) -> None:
     from fleet.alerts import raise_alert
 
     status = entry["status"]
+    if status == "approved" and entry["waited_s"] < STILL_WAITING_ALERT_S:
+        return  # a live run holds the lock, most likely: its own resume (or the next sweep) follows
     if status == "approved":
         outcome = "it is still not dispatched (the run lock is busy or its claim is open); the next sweep tries again"
     else:
