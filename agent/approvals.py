@@ -59,3 +59,24 @@ def remember_rejection(approval: Approval, actor: str, comment: str, when) -> No
     remember("rejection", f"{approval.tool} {target}",
              f"{actor} rejected {approval.tool} on {target} at {when:%Y-%m-%d %H:%M} UTC: {comment}",
              importance=0.9, kind="fact", source="approvals")
+
+
+#: the prefix of ``Approval.outcome_detail`` when a decision's resume could not be queued
+#: (the broker was unreachable); the sweep (``agent.sweep``) reads it to say why the call waited
+RESUME_NOT_QUEUED = "resume not queued"
+
+
+def undispatched(run=None):
+    """Approvals an operator approved whose call has not been dispatched yet (approval
+    ``approved``, its step still ``parked``), optionally of one ``run``: a QuerySet.
+
+    A run holding one is never closed ``done`` (``agent.runs.close_run``) and never expires it;
+    the sweep (``agent.sweep.sweep_decided``) dispatches them."""
+    qs = Approval.objects.filter(status="approved", step__outcome="parked")
+    return qs.filter(run=run) if run is not None else qs
+
+
+def note_resume_not_queued(approval_ids, why: str) -> None:
+    """Record on each approval that its resume could not be queued (``why``, e.g. Redis
+    unreachable): the decision is stored, the sweep dispatches it and its alert says why it waited."""
+    Approval.objects.filter(pk__in=list(approval_ids)).update(outcome_detail=f"{RESUME_NOT_QUEUED}: {why}"[:2000])

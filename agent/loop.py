@@ -14,6 +14,8 @@ Every step is persisted as it happens.
 import logging
 
 from agent import triggers
+from agent.approvals import undispatched
+from agent.breakers import Halt
 from agent.models import Approval, Run, SessionState, Step
 from agent.observe import observe, void_gone_approvals
 from agent.planners.base import has_verdict_block, parse_verdict
@@ -22,9 +24,11 @@ from agent.runs import (
     RunBusy,
     TurnContext,
     acquire_lock,
+    bound_lock,
     claim_run,
     close_run,
     fail_run,
+    lock_lost,
     release_lock,
     turn_context,
 )
@@ -94,6 +98,7 @@ def run_cycle(trigger: str, *, message: str | None = None, actor: str = "system"
             return None
         state = SessionState.get()
         limits, policy = effective_limits(state), effective_policy(state)
+        bound_lock(run.number, _lock_bound_s(limits))
         world = observe(limits, policy)
         if events:  # a live cycle (not a replay): this run saw the demand; later edges compare with it
             triggers.note_demand(world.demand, fire_events=False)
@@ -103,12 +108,34 @@ def run_cycle(trigger: str, *, message: str | None = None, actor: str = "system"
         void_gone_approvals()  # what the monitor destroyed voids the approvals waiting on it
         _drive(tc, planner or default_planner(run))
         return run
-    except Exception as exc:
+    except BaseException as exc:  # KeyboardInterrupt and SystemExit too: never leave it "running"
         if "run" in locals():
-            fail_run(run, exc)
+            _fail_quietly(run, exc)
         raise
     finally:
         release_lock(token)
+
+
+def _lock_bound_s(limits) -> float:
+    """How long the run lock of a run under ``limits`` is renewed: its wall clock plus one tool
+    timeout and one model request with its retries (three attempts of WARDEN_MODEL_TIMEOUT_S
+    and their backoff): a call that started just before the wall clock may still finish."""
+    from django.conf import settings
+
+    model_s = 3 * float(settings.MODEL.get("TIMEOUT_S") or 60) + 3
+    return float(limits.wall_clock_s) + float(limits.tool_timeout_s) + model_s
+
+
+def _fail_quietly(run: Run, exc: BaseException) -> None:
+    """:func:`fail_run`, never raising over ``exc``: when the write itself fails (the database
+    connection broke under an interrupt), the next cycle fails the run
+    (``agent.runs.fail_stuck_runs``)."""
+    try:
+        run.refresh_from_db(fields=["status"])
+        if run.status in ("running", "queued"):
+            fail_run(run, exc)
+    except BaseException as again:  # noqa: BLE001 — the original exception is what propagates
+        log.warning("run %s could not be marked failed (%s); the next cycle fails it", run.number, again)
 
 
 def resume_run(run: Run, *, planner=None) -> Run:
@@ -127,6 +154,7 @@ def resume_run(run: Run, *, planner=None) -> Run:
             return run
         state = SessionState.get()
         limits, policy = effective_limits(state), effective_policy(state)
+        bound_lock(run.number, _lock_bound_s(limits))
         world = observe(limits, policy)
         run.refresh_from_db()  # the observe phase may have voided its last waiting approval (target_gone)
         if run.status != "parked":
@@ -172,8 +200,17 @@ def resume_run(run: Run, *, planner=None) -> Run:
         tc.turn_index = tc.breakers.turns
         _drive(tc, planner or default_planner(run))
         return run
-    except Exception as exc:
-        fail_run(run, exc)
+    except BaseException as exc:
+        if undispatched(run).exists():
+            # the operator's decision outlives this failure: the run stays parked and the sweep
+            # (:func:`sweep_decided`) dispatches it again; never failed with an approved call unrun
+            log.warning("resume of run %s failed before its approved calls ran (%s); it stays parked", run.number, exc)
+            try:
+                Run.objects.filter(pk=run.pk).update(status="parked")
+            except BaseException:  # noqa: BLE001 — the sweep finds it parked or stuck either way
+                pass
+        else:
+            _fail_quietly(run, exc)
         raise
     finally:
         release_lock(token)
@@ -208,6 +245,9 @@ def _drive(tc: TurnContext, planner) -> None:
     halt = None
     while True:
         halt = tc.breakers.before_turn(run)
+        if halt is None and lock_lost():
+            halt = Halt("lock_lost", lock_lost())
+            break
         if halt is not None and halt.code == "max_steps" and planner.exhausted(tc):
             halt = None
             run.status = "done"
@@ -254,6 +294,9 @@ def _drive(tc: TurnContext, planner) -> None:
         if result.halt is not None:
             halt = result.halt
             break
+        if result.cancelled and lock_lost():  # not an operator's cancel: the lock went (agent.runs.LockKeeper)
+            halt = Halt("lock_lost", lock_lost())
+            break
         if result.cancelled:
             run.status = "cancelled"
             break
@@ -292,6 +335,8 @@ def _settle_expired(run: Run) -> None:
     """
     for a in run.approvals.filter(status="expired", step__outcome="parked").select_related("step"):
         _decided(a.step, "expired", "expired", "the approval expired unanswered; nothing executed")
+    if undispatched(run).exists():
+        return  # an approved call still waits for its dispatch: resume_run (or the sweep) runs it, then closes
     if not run.approvals.filter(status="waiting").exists():
         run.status = "done"
         close_run(run)

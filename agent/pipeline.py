@@ -471,7 +471,12 @@ def dispatch_approved(tc, approval: Approval) -> Step:
                           observe_only=tc.observe_only)
     if refusal is not None:
         _finish(step, "refused", refusal.code, f"approved, but refused at dispatch: {refusal.detail}", ok=False)
-        Approval.objects.filter(pk=approval.pk).update(status="void", outcome_detail=f"{refusal.code}: {refusal.detail}")
+        detail = f"{refusal.code}: {refusal.detail}"
+        again = _diagnose_and_ask_again(tc, approval) if refusal.code == "diagnosis_required" else None
+        if again is not None:
+            detail += f"; diagnosed again and asked again as approval {again.pk}"
+        Approval.objects.filter(pk=approval.pk).update(status="void", outcome_detail=detail[:2000])
+        _tell_refused(approval, detail)
         emit("approvals-changed")
         return step
     execute(tc, step, spec, args, approval.idempotency_key, outcome="approved_executed")
@@ -486,6 +491,50 @@ def dispatch_approved(tc, approval: Approval) -> Step:
     )
     emit("approvals-changed")
     return step
+
+
+def _tell_refused(approval: Approval, detail: str) -> None:
+    """An approved call the guards refused at dispatch: the operator is told by an alert naming
+    the approval, the call and the refusal code (the card shows the same as its outcome)."""
+    from fleet.alerts import raise_alert
+
+    target = (approval.args or {}).get("instance_id") or ""
+    who = approval.decided_by.username if approval.decided_by_id else "an operator"
+    raise_alert("approval_refused", f"approval {approval.pk} ({approval.tool} {target}), approved by {who}, was refused "
+                f"at dispatch and did not run: {detail}", severity="P2", key=f"approval_refused:{approval.pk}")
+
+
+def _diagnose_and_ask_again(tc, approval: Approval) -> Approval | None:
+    """An approved stop or destroy refused ``diagnosis_required`` at dispatch (its diagnosis went
+    stale while it waited): diagnose the instance now and park the same call again for the
+    operator, with the fresh diagnosis in its reason and a new key. Returns the new approval, or
+    ``None`` when the call is still refused after the diagnosis (its step says why)."""
+    step = approval.step
+    args = dict(approval.args)
+    ident = args.get("instance_id")
+    diag = tc.new_step(kind="call", actor=tc.actor, tool="diagnose_instance", turn=step.turn, position=step.position,
+                       args={"instance_id": ident}, raw_arguments="",
+                       call_reason=f"approval {approval.pk} was refused diagnosis_required at dispatch")
+    execute(tc, diag, TOOLS["diagnose_instance"], {"instance_id": ident}, "")
+    fresh = "failed" if diag.outcome != "executed" else "done"
+    try:
+        payload = json.loads(diag.observation.split("\n", 1)[1])
+        fresh = f"{payload.get('health')} ({payload.get('cause') or 'no cause'})"
+    except (IndexError, ValueError, AttributeError, TypeError):
+        pass
+    key = idempotency_key(tc.run.number, 30_000 + approval.pk, step.position, approval.tool, args)
+    again = tc.new_step(kind="call", actor=step.actor, tool=approval.tool, args=args, turn=step.turn,
+                        position=step.position, raw_arguments=step.raw_arguments,
+                        call_reason=redact(f"{step.call_reason} — asked again: approval {approval.pk} was approved "
+                                           f"after its diagnosis went stale; fresh diagnosis: {fresh}")[:2000])
+    again.idempotency_key = key
+    refusal = guard_check(approval.tool, args, key, tc.world, actor=tc.actor, at_dispatch=True,
+                          observe_only=tc.observe_only)
+    if refusal is not None:
+        _finish(again, "refused", refusal.code, f"asked again after a fresh diagnosis, but refused: {refusal.detail}", ok=False)
+        return None
+    forced = forced_approval(approval.tool, args, tc.world, injected=run_injected(tc))
+    return park(tc, Decision(step=again, proposal=None, args=args, key=key, action="park", forced=forced))
 
 
 def _already_dispatched(approval: Approval, claim: SideEffect) -> Step:

@@ -15,6 +15,7 @@ wedge the agent.
 import logging
 import secrets
 import threading
+import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -71,7 +72,8 @@ def acquire_lock(ttl_s: float | None = None, *, sees_events: bool = True) -> str
             SessionState.get()
             n = SessionState.objects.filter(pk=1).filter(free).update(**mine)
     if n == 1:
-        _held.token = token if sees_events else None
+        _took(token, ttl_s, sees_events)
+        fail_stuck_runs()
         return token
     if row is None:
         return None
@@ -79,10 +81,18 @@ def acquire_lock(ttl_s: float | None = None, *, sees_events: bool = True) -> str
     if held and holder and worker_alive(holder) is False:
         if SessionState.objects.filter(pk=1, lock_token=held).update(**mine) == 1:
             log.warning("run lock taken over from a dead holder (%s)", holder)
+            _took(token, ttl_s, sees_events)
             _fail_orphans(holder)
-            _held.token = token if sees_events else None
             return token
     return None
+
+
+def _took(token: str, ttl_s: float, sees_events: bool) -> None:
+    _held.token = token if sees_events else None
+    _held.keeper = None
+    if not clock.virtual:  # replay's virtual clock: one thread, no renewal needed (nothing waits for real)
+        _held.keeper = LockKeeper(token, ttl_s)
+        _held.keeper.start()
 
 
 def _fail_orphans(holder: str) -> None:
@@ -94,11 +104,122 @@ def _fail_orphans(holder: str) -> None:
         fail_run(run, RuntimeError(f"its worker process (pid {pid}) died mid-run; the next cycle re-observes"))
 
 
+#: why a run found ``running`` by a new lock holder is stuck (:func:`fail_stuck_runs`)
+STUCK_DETAIL = ("its process let go of the run lock without closing the run (interrupted mid-run: Ctrl-C, "
+                "SIGTERM or a cold shutdown, or it died, or its lock lapsed); failed by the next cycle, which "
+                "re-observes")
+
+
+def fail_stuck_runs() -> list[int]:
+    """Fail every ``running`` run; call only while holding the run lock. Returns their numbers.
+
+    Only the lock's holder runs a cycle and the lock is renewed while a run works
+    (:class:`LockKeeper`), so a run still ``running`` when the lock is taken anew has no live
+    process: it was interrupted (``KeyboardInterrupt`` or ``SystemExit`` whose own failure write did
+    not get through, a SIGKILL), or its lock lapsed. It ends ``failed`` with its report; a call it
+    left claimed is settled against the provider by the next observe (``agent.claims``). Without
+    this, every later cycle would meet the ``one_running_run`` constraint and a queued chat
+    message would wait for ever."""
+    stuck = list(Run.objects.filter(status="running"))
+    for run in stuck:
+        log.warning("run %s was left running without a lock holder: failing it", run.number)
+        fail_run(run, StuckRun(STUCK_DETAIL))
+    return [r.number for r in stuck]
+
+
+class StuckRun(RuntimeError):
+    """A run left ``running`` with no live process (:func:`fail_stuck_runs`)."""
+
+
 def release_lock(token: str) -> None:
     """Free the run lock if ``token`` still holds it (a lock taken over meanwhile stays its taker's)."""
     if getattr(_held, "token", None) == token:
         _held.token = None
+    keeper = getattr(_held, "keeper", None)
+    if keeper is not None and keeper.token == token:
+        keeper.stop()
+        _held.keeper = None
     SessionState.objects.filter(pk=1, lock_token=token).update(lock_token="", lock_expires_at=None, lock_holder="")
+
+
+# --- renewing the lock while a run works --------------------------------------------------------
+class LockKeeper(threading.Thread):
+    """Renews the run lock ``token`` every ``ttl_s / 3`` seconds while its run works, so a run
+    blocked inside one call (a model that takes minutes, a provider that never answers) keeps the
+    agent single-flight: its lock does not lapse under it and no second run starts.
+
+    Bounded: past ``until`` (monotonic seconds; :func:`bound_lock` sets it from the run's
+    ``wall_clock_s``) it stops renewing, raises a ``run_overdue`` alert and sets :attr:`lost`; the
+    lock then lapses within ``ttl_s`` and the next cycle fails the run (:func:`fail_stuck_runs`).
+    A renewal that finds the token gone (taken over) also sets :attr:`lost`. The run checks
+    :func:`lock_lost` before each turn and each side effect (``TurnContext.cancel_requested``) and
+    stops there. Each renewal is one UPDATE on its own database connection, closed after it.
+    """
+
+    def __init__(self, token: str, ttl_s: float):
+        super().__init__(name="run-lock-keeper", daemon=True)
+        self.token, self.ttl_s = token, float(ttl_s)
+        self.every = max(0.2, self.ttl_s / 3)
+        self.until: float | None = None
+        self.run_number: int | None = None
+        self.lost = ""
+        self.renewals = 0
+        self._stop_event = threading.Event()
+
+    def stop(self) -> None:
+        self._stop_event.set()
+
+    def run(self) -> None:
+        from django.db import connections
+
+        while not self._stop_event.wait(self.every):
+            if self.until is not None and time.monotonic() > self.until:
+                self._overdue()
+                return
+            try:
+                n = SessionState.objects.filter(pk=1, lock_token=self.token).update(
+                    lock_expires_at=clock.now() + timedelta(seconds=self.ttl_s))
+            except Exception as exc:  # noqa: BLE001 — a database blip: the next renewal tries again
+                log.warning("run lock renewal failed: %s", exc)
+                n = None
+            finally:
+                connections.close_all()  # this thread's own connections
+            if n == 0 and not self._stop_event.is_set():
+                self.lost = "the run lock was taken over by another process while this run worked"
+                log.warning("run %s: %s", self.run_number, self.lost)
+                return
+            if n:
+                self.renewals += 1
+
+    def _overdue(self) -> None:
+        from django.db import connections
+
+        self.lost = (f"run {self.run_number} passed its wall clock while blocked inside one call; its run lock is no "
+                     f"longer renewed and lapses within {self.ttl_s:g} s, then the next cycle fails it")
+        log.warning(self.lost)
+        try:
+            from fleet.alerts import raise_alert
+
+            raise_alert("run_overdue", self.lost, severity="P2", key=f"run_overdue:{self.run_number}")
+        except Exception as exc:  # noqa: BLE001 — the alert is best effort; the lapse still frees the agent
+            log.warning("run_overdue alert not raised: %s", exc)
+        finally:
+            connections.close_all()
+
+
+def bound_lock(run_number: int, seconds: float) -> None:
+    """Renew this thread's run lock for at most ``seconds`` more (the run's wall clock plus a
+    margin); see :class:`LockKeeper`."""
+    keeper = getattr(_held, "keeper", None)
+    if keeper is not None:
+        keeper.run_number = run_number
+        keeper.until = time.monotonic() + max(0.0, seconds)
+
+
+def lock_lost() -> str:
+    """Why this thread's run lock is no longer its run's (``""`` while it is)."""
+    keeper = getattr(_held, "keeper", None)
+    return keeper.lost if keeper is not None else ""
 
 
 # --- the turn context ------------------------------------------------------------------------
@@ -147,6 +268,8 @@ class TurnContext:
         answer of a check less than ``CANCEL_CHECK_S`` ago stands (a read-only call between
         planner turns need not pay a round trip each); callers check for real before a side
         effect and between the calls of one batch."""
+        if lock_lost():
+            return True
         now = clock.monotonic()
         if must_check or now - self._cancel_checked_at >= CANCEL_CHECK_S:
             self._cancel_checked_at = now
@@ -194,7 +317,9 @@ def claim_run(trigger: str, planner, events: list[dict] | None = None) -> Run:
                 run = Run.objects.create(number=number, epoch=epoch, trigger=trigger, planner=name,
                                          status="running", started_at=clock.now(), trigger_events=events)
     except IntegrityError as exc:
-        if "one_running_run" not in str(exc):
+        # PostgreSQL names the constraint; SQLite names the columns ("UNIQUE constraint failed:
+        # agent_run.status"): either way, it is another run still running
+        if "one_running_run" not in str(exc) and not Run.objects.filter(status="running").exists():
             raise
         raise RunBusy("another run is still running (constraint one_running_run)") from exc
     emit("runs-changed")
@@ -219,11 +344,14 @@ def _next_run_number() -> tuple[int, int]:
 def close_run(run: Run) -> None:
     """Write the honest report (and entailment flags), end time, and announce.
 
-    A run whose planner finished while calls of the monitor still wait for an operator stays
-    ``parked`` (so the decision is dispatched like any approved call) but gets its end time:
+    A run whose planner finished while calls of the monitor still wait for an operator (or were
+    approved and are not dispatched yet) stays ``parked`` (so the decision is dispatched like any approved call) but gets its end time:
     :func:`agent.loop.resume_run` then dispatches and closes it without asking the planner again.
     """
-    if run.status == "done" and run.approvals.filter(status="waiting").exists():
+    from agent.approvals import undispatched
+
+    if run.status == "done" and (run.approvals.filter(status="waiting").exists() or undispatched(run).exists()):
+        # never ``done`` while a call waits for an operator, or was approved and not dispatched yet
         run.status = "parked"
         run.ended_at = clock.now()
     elif run.status != "parked":
@@ -241,11 +369,21 @@ def close_run(run: Run) -> None:
             log.exception("memory upkeep after run %s failed", run.number)
 
 
-def fail_run(run: Run, exc: Exception) -> None:
-    """End ``run`` ``failed`` with ``exc`` (redacted) as its detail, and its report."""
-    log.exception("run %s failed", run.number)
+def fail_run(run: Run, exc: BaseException) -> None:
+    """End ``run`` ``failed`` with ``exc`` (redacted) as its detail, and its report.
+
+    ``exc`` may be a ``KeyboardInterrupt`` or ``SystemExit`` (Ctrl-C, a worker's cold shutdown):
+    the detail then says the process was interrupted mid-run."""
+    if isinstance(exc, Exception):
+        if not isinstance(exc, StuckRun):
+            log.exception("run %s failed", run.number)
+        detail = f"{type(exc).__name__}: {exc}"
+    else:
+        log.warning("run %s interrupted by %s", run.number, type(exc).__name__)
+        detail = (f"interrupted ({type(exc).__name__}{': ' + str(exc) if str(exc) else ''}): its process was "
+                  "stopped mid-run; nothing after this point ran, and the next cycle re-observes")
     run.status = "failed"
-    run.halt_detail = redact(f"{type(exc).__name__}: {exc}")[:2000]
+    run.halt_detail = redact(detail)[:2000]
     run.ended_at = clock.now()
     run.final_report = final_report(run)
     run.save()

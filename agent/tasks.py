@@ -92,17 +92,19 @@ def start_resume(run_id: int) -> None:
 
 @shared_task(name="agent.tasks.monitor_tick", acks_late=True, **CYCLE_LIMITS)
 def monitor_tick():
-    """The monitor's lifecycle rules (beat, every 60 s); returns a run number when it acted."""
-    from agent.models import Run
+    """The monitor's lifecycle rules (beat, every 60 s); returns a run number when it acted.
+
+    Then the sweep (``agent.sweep.sweep_decided``): a decision whose resume task was never queued
+    (Redis down when the operator decided) or died with its worker is dispatched here, within a
+    minute of the broker being back, not after the broker's visibility timeout."""
     from agent.monitor_runner import monitor_tick as tick
+    from agent.sweep import sweep_decided
 
     number = tick()
     from agent.notifications import scan
 
     scan()  # approvals about to expire or expired, alerts whose silence ended
-    # backstop for a lost resume task: a parked run whose approvals are all decided resumes
-    for run_id in Run.objects.filter(status="parked").exclude(approvals__status="waiting").values_list("pk", flat=True):
-        resume.delay(run_id)
+    sweep_decided()
     return number
 
 

@@ -22,7 +22,9 @@ Columns, per fault (summed over the repetitions; every count's goal is 0):
   ``claimed`` and approvals still ``approved``.
 - ``recover s``: median seconds from the fault to the recovered state each row names.
 
-Faults: Celery worker SIGKILL mid-run (inside a P0 launch, after the claim) and mid-approval
+Faults: an operator's approval while Redis is SIGKILLed (``redis-approval``) and a worker SIGKILLed
+0.25 s after an approval (``worker-approval``, restarted with the production visibility timeout): the
+monitor's sweep must dispatch both; Celery worker SIGKILL mid-run (inside a P0 launch, after the claim) and mid-approval
 (inside an approved P1 launch, after the claim); Redis restart; PostgreSQL restart; daphne
 restart with websocket clients connected (they reconnect, resync over HTTP and get the next
 pushed topic); SSH hosts that refuse, hang or are slow (a real sshd on loopback, ``tests/sshd.py``);
@@ -36,6 +38,7 @@ Usage::
 
     .venv/bin/python bench/faults.py                 # every fault, 3 times
     .venv/bin/python bench/faults.py --reps 1 --only worker redis
+    .venv/bin/python bench/faults.py --reps 1 --only redis-approval worker-approval
 """
 
 import argparse
@@ -717,9 +720,153 @@ def make_run_faults(stack: Stack, rows: dict, reps: int) -> None:
         stack.start_beat()
 
 
+# --- an operator's decision during an outage (agent/sweep.py) ------------------------------------
+def _park_p1_launch():
+    from agent.models import Approval, SessionState
+    from agent.planners.script import ScriptPlanner
+    from fleet import demo
+
+    clean_fleet()
+    demo.enqueue(1)  # the launch is still needed when it is dispatched
+    # every launch waits for an operator meanwhile: the heartbeat's own P0 launch (no live worker)
+    # would otherwise meet the queue first and make the approved one no_longer_needed
+    state = SessionState.get()
+    state.overrides = {"policy": {"launch_instance:P0": "approval", "launch_instance:monitor": "approval"}}
+    state.save()
+    run = cycle_here(ScriptPlanner([
+        {"tool": "launch_instance", "args": {"gpu_name": "local-cpu", "launch_priority": "P1", "reason": f"bench {time.time()}"}}]))
+    return Approval.objects.get(run=run)
+
+
+def _approval_fault_done() -> None:
+    """Back to the default policy; launches the heartbeat parked meanwhile are rejected."""
+    from agent.approvals import DecisionError, do_decide
+    from agent.models import Approval, SessionState
+
+    state = SessionState.get()
+    state.overrides = {}
+    state.save()
+    for a in Approval.objects.filter(status="waiting"):
+        try:
+            do_decide(a, "reject", "user:bench", "bench: parked by a heartbeat during the fault")
+        except DecisionError:
+            pass
+
+
+def _executed_once(approval, user) -> bool:
+    """The approved launch executed and nothing left claimed; one sent back to ``waiting`` by a
+    ``stale_claim`` is approved again, as an operator would."""
+    from agent.approvals import do_decide
+    from agent.models import Approval, SideEffect
+    from agent.tasks import start_resume
+
+    a = Approval.objects.get(pk=approval.pk)
+    if a.status == "waiting":
+        do_decide(a, "approve", "user:bench", user=user)
+        start_resume(a.run_id)
+        return False
+    return a.status == "executed" and not SideEffect.objects.filter(status="claimed").exists()
+
+
+def _stalled_note(row: Row, approval) -> None:
+    from agent.models import Approval
+    from fleet.models import Alert
+
+    a = Approval.objects.get(pk=approval.pk)
+    row.notes.append(f"{row.fault}: approval {a.status}: {a.outcome_detail[:200]}")
+    alert = Alert.objects.filter(kind="approval_stalled", key=f"approval_stalled:{approval.pk}").first()
+    row.notes.append(f"{row.fault}: alert: {alert.message[-300:]}" if alert else f"{row.fault}: no approval_stalled alert")
+
+
+def redis_down_approval(stack: Stack, row: Row, user) -> None:
+    """A P1 launch waits; the broker's Redis is SIGKILLed; the operator approves over HTTP; Redis
+    starts again, empty. Recovered: the launch executed once (the monitor's sweep dispatches it),
+    nothing stuck. A card that says "nothing was lost" counts as a failure (it is not known)."""
+    import re
+
+    from agent.models import Approval
+
+    approval = _park_p1_launch()
+    before = dup_launches()
+    client = _login(stack)
+    since = now()
+    sampler = ParallelSampler(since)
+    sampler.start()
+    stack.redis.kill()  # kill -9
+    stack.redis.wait(timeout=20)
+    t0 = time.monotonic()
+    try:
+        resp = client.post(f"/approvals/{approval.pk}/decide/", data={"decision": "approve"},
+                           headers={"X-CSRFToken": client.cookies["csrftoken"], "HX-Request": "true"}, timeout=60)
+        card = " ".join(re.sub(r"<[^>]+>", " ", resp.text).split())
+    except Exception as exc:  # noqa: BLE001 — reported, never hidden
+        card = f"no answer: {type(exc).__name__}: {exc}"
+    said = card[card.find("approved and stored"):][:240] if "approved and stored" in card else card[-240:]
+    row.notes.append(f"redis-down approval: the card said: {said}")
+    if "nothing was lost" in card:
+        row.failed += 1
+        row.notes.append("redis-down approval: the card claimed nothing was lost")
+    time.sleep(2)
+    stack.start_redis()
+    client.close()
+    if stack.worker is None or not stack.worker.alive():
+        row.notes.append("redis-down approval: the worker exited during the outage (restarted)")
+        stack.start_worker()
+    ok = wait_until(lambda: _executed_once(approval, user), RECOVER_TIMEOUT_S, interval=0.5)
+    _finish(row, ok, t0, sampler)
+    row.lost += int(Approval.objects.get(pk=approval.pk).status != "executed")
+    row.dup += dup_launches() - before
+    _stalled_note(row, approval)
+    _approval_fault_done()
+
+
+def kill_worker_after_approval(stack: Stack, row: Row, user) -> None:
+    """A P1 launch approved; the worker SIGKILLed 0.25 s later, restarted with the production
+    visibility timeout (900 s), so only the monitor's sweep can bring the resume back in time.
+    Recovered: the launch executed once, nothing stuck."""
+    from agent.approvals import do_decide
+    from agent.models import Approval
+    from agent.tasks import start_resume
+
+    approval = _park_p1_launch()
+    before = dup_launches()
+    saved = stack.env["WARDEN_CELERY_VISIBILITY_TIMEOUT_S"]
+    stack.env["WARDEN_CELERY_VISIBILITY_TIMEOUT_S"] = "900"
+    try:
+        stack.worker.stop()
+        stack.start_worker()
+        do_decide(approval, "approve", "user:bench", user=user)
+        start_resume(approval.run_id)
+        time.sleep(0.25)
+        t0, since = time.monotonic(), now()
+        stack.worker.stop(signal.SIGKILL)
+        sampler = ParallelSampler(since)
+        sampler.start()
+        stack.start_worker()
+        ok = wait_until(lambda: _executed_once(approval, user), RECOVER_TIMEOUT_S, interval=0.5)
+        _finish(row, ok, t0, sampler)
+    finally:
+        stack.env["WARDEN_CELERY_VISIBILITY_TIMEOUT_S"] = saved
+        stack.worker.stop()
+        stack.start_worker()
+    row.lost += int(Approval.objects.get(pk=approval.pk).status != "executed")
+    row.dup += dup_launches() - before
+    _stalled_note(row, approval)
+    _approval_fault_done()
+
+
+#: the decision faults: ``--only`` name → (row name, what "recovered" means, function)
+APPROVAL_FAULTS = {
+    "redis-approval": ("Redis SIGKILL, then approval", "the approved launch executed once (the sweep), nothing stuck",
+                       redis_down_approval),
+    "worker-approval": ("worker SIGKILL 0.25 s after approval", "the approved launch executed once within the sweep, "
+                        "not the 900 s visibility timeout", kill_worker_after_approval),
+}
+
+
 # --- main --------------------------------------------------------------------------------------
-FAULTS = ["worker", "redis", "postgres", "daphne", "ssh", "provider", "model"]
-FAULTS.append("makerun")  # make_run_faults: a process death under make run
+#: ``makerun`` is make_run_faults: a process death under make run
+FAULTS = ["worker", "redis", "postgres", "daphne", "ssh", "provider", "model", "makerun", *APPROVAL_FAULTS]
 
 
 def main(argv=None) -> int:
@@ -751,6 +898,9 @@ def main(argv=None) -> int:
         ("model truncated JSON", "run ended, one launch (invalid_args seen, call corrected)"),
     ]}
     rows.update({name: Row(name, when) for name, when in MAKE_RUN_ROWS})
+
+
+    rows.update({label: Row(label, when) for label, when, _ in APPROVAL_FAULTS.values()})
     with Stack(keep=args.keep, extra_env={"WARDEN_DWELL_MIN": "0", "WARDEN_HOLD_OFF_MIN": "0",
                                           "WARDEN_TARGET_PROOFS_HR": "60"}) as stack:
         from django.contrib.auth.models import User
@@ -786,6 +936,9 @@ def main(argv=None) -> int:
                 attempt(rows["postgres restart"], _server_restart, stack, rows["postgres restart"], "postgres")
             if "daphne" in args.only:
                 attempt(rows["daphne restart"], restart_daphne, stack, rows["daphne restart"], args.clients)
+            for name, (label, _, fn) in APPROVAL_FAULTS.items():
+                if name in args.only:
+                    attempt(rows[label], fn, stack, rows[label], user)
             print(f"bench: repetition {rep + 1} of {args.reps} done", file=sys.stderr)
         if "makerun" in args.only:
             attempt(rows["make run: worker SIGKILL"], make_run_faults, stack, rows, args.reps)

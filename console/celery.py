@@ -9,7 +9,7 @@ this module never touches Redis.
 import os
 
 from celery import Celery
-from celery.signals import beat_init
+from celery.signals import beat_init, worker_ready
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
 
@@ -31,3 +31,27 @@ def tick_at_start(sender=None, **kwargs) -> None:
         beat_tick()
     except Exception as exc:  # Redis down: the scheduled ticks write it later
         logging.getLogger(__name__).warning("beat: first tick not written: %s", exc)
+
+
+@worker_ready.connect
+def fail_stuck_runs_at_start(sender=None, **kwargs) -> None:
+    """At a worker's start-up, a run left ``running`` by a process that is gone (Ctrl-C, SIGTERM,
+    SIGKILL mid-run) is failed with its report (``agent.runs.fail_stuck_runs``, through the run
+    lock: a lock a live run holds is left alone), and a chat message queued behind it is answered
+    by a cycle queued here. Errors are only logged: the next cycle does the same."""
+    import logging
+
+    try:
+        from agent.models import Run
+        from agent.runs import acquire_lock, release_lock
+
+        token = acquire_lock(sees_events=False)
+        if token is None:
+            return
+        release_lock(token)
+        if Run.objects.filter(status="queued").exists():
+            from agent.tasks import observe_cycle
+
+            observe_cycle.delay("heartbeat")
+    except Exception as exc:  # noqa: BLE001 — the database or Redis may still be starting
+        logging.getLogger(__name__).warning("worker start-up: stuck runs not checked: %s", exc)

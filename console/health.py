@@ -6,6 +6,8 @@ Checks (each ``{"up": bool, "detail": str}``):
 * ``harmony`` — one read of ``harmony_task`` on the HarmonyDB alias (Curio's queue);
 * ``redis`` — ``PING`` on ``REDIS_URL`` (1 s timeouts);
 * ``celery`` — a worker answers a control ping (skipped, down, when Redis is);
+* ``runs`` — no run is stuck ``running`` without a live lock holder (:func:`check_runs`; only
+  while the database is up);
 * ``beat`` — Redis key ``warden:beat:last_tick`` (unix seconds, written by the beat tick task)
   is younger than two tick intervals (``console.tasks.BEAT_TICK_INTERVAL_S``, 30 s). A Redis
   up for less than that and holding no tick (restarted without its data) is not held against
@@ -189,6 +191,41 @@ def check_processes(infos: list[dict] | None) -> dict[str, dict]:
     return checks
 
 
+def _stuck_runs() -> list[str]:
+    from agent.claims import worker_alive
+    from agent.models import Run, SessionState
+
+    lock = SessionState.objects.filter(pk=1).values("lock_token", "lock_expires_at", "lock_holder").first() or {}
+    runs = list(Run.objects.filter(status="running").values_list("number", "started_at"))
+    if not runs:
+        return []
+    token, expires, holder = lock.get("lock_token"), lock.get("lock_expires_at"), lock.get("lock_holder") or ""
+    if not token:
+        why = "no process holds the run lock"
+    elif expires is not None and expires < clock.now():
+        why = f"its run lock lapsed at {expires:%H:%M:%S} UTC"
+    elif holder and worker_alive(holder) is False:
+        why = f"the run lock's holder ({holder}) is dead"
+    else:
+        return []
+    return [f"run {n} is running since {started:%H:%M:%S} UTC but {why}" for n, started in runs]
+
+
+def check_runs() -> dict:
+    """``runs``: no run is stuck — ``running`` while no live process holds the run lock (its
+    process was interrupted or died mid-run). Read twice, so a run that closes between the two
+    reads is not called stuck; the next cycle fails a stuck run with its report."""
+    try:
+        stuck = _stuck_runs()
+        if stuck:
+            stuck = [s for s in _stuck_runs() if s in stuck]
+    except Exception as exc:
+        return _down(f"{type(exc).__name__}: {exc}")
+    if stuck:
+        return _down("; ".join(stuck) + " (stuck: the next cycle fails it with a report)")
+    return _up()
+
+
 def last_run() -> dict | None:
     from agent.models import Run
 
@@ -220,6 +257,8 @@ def report() -> tuple[dict, int]:
         client.close()
     except Exception:
         pass
+    if checks["database"]["up"]:
+        checks["runs"] = check_runs()
     body: dict = {"checks": checks}
     if checks["database"]["up"]:
         try:

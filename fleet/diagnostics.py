@@ -294,6 +294,13 @@ def judge_rules(evidence: dict, *, status: str, worker=None, reachable: bool = T
     def v(health, cls, cause, lines, conf):
         return Verdict(health=health, fault_class=cls, cause=cause, evidence=lines, confidence=conf)
 
+    ssh = evidence.get("ssh") or {}
+    if not reachable and ssh.get("kind") == "host_key":
+        # trust on first use (fleet.ssh.InstanceHostKeys): another key than the one kept is never
+        # talked to, whatever the provider or a heartbeat says — the machine was not diagnosed
+        return v("degraded", "network", "SSH host key changed: the machine was not diagnosed (refused before "
+                 "logging in); check it, and clear its kept host key if it was rebuilt",
+                 [f"ssh: host_key: {ssh.get('out', '')}"[:300], f"provider status {status}"], 0.4)
     if status in ("unknown", "offline"):
         return v("failed", "host", f"provider reports {status}: host lost contact", [f"provider status {status}"], 0.6)
     if status in ("exited", "error"):

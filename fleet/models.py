@@ -61,6 +61,10 @@ class Instance(models.Model):
     machine_id = models.CharField(max_length=64, blank=True)
     # set when the reconcile found it at the provider, labelled ours, with no row (fleet.sync)
     adopted_at = models.DateTimeField(null=True, blank=True)
+    # the SSH host key it offered on first contact ("<type> <base64>", public: trust on first use,
+    # fleet.ssh.InstanceHostKeys); a different key later is refused. Empty: not contacted yet
+    ssh_host_key = models.TextField(blank=True)
+    ssh_host_key_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         unique_together = [("provider", "external_id")]

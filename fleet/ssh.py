@@ -26,9 +26,10 @@ CONNECT_TIMEOUT_S = 5.0
 IDLE_REUSE_S = 120.0
 #: how an SSH connection failed: ``refused`` (nothing listens), ``timeout`` (no TCP answer),
 #: ``banner`` (TCP accepted, no SSH banner in time), ``auth`` (key refused), ``key`` (our key file
-#: cannot be read), ``dns`` (no such host), ``reset`` (closed during the handshake), ``protocol``
-#: (another SSH error), ``network`` (another socket error)
-KINDS = ("refused", "timeout", "banner", "auth", "key", "dns", "reset", "protocol", "network")
+#: cannot be read), ``host_key`` (the host offered another host key than the one kept on first
+#: contact: refused before authenticating), ``dns`` (no such host), ``reset`` (closed during the
+#: handshake), ``protocol`` (another SSH error), ``network`` (another socket error)
+KINDS = ("refused", "timeout", "banner", "auth", "key", "host_key", "dns", "reset", "protocol", "network")
 
 
 class _NoHandshakeTracebacks(logging.Filter):
@@ -64,6 +65,8 @@ def classify(exc: BaseException) -> str:
     import paramiko
 
     text = str(exc)
+    if isinstance(exc, paramiko.BadHostKeyException):
+        return "host_key"
     if isinstance(exc, paramiko.AuthenticationException):
         return "auth"
     if isinstance(exc, ConnectionRefusedError) or isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
@@ -211,8 +214,10 @@ class SSHRunner:
 
     def __init__(self, host: str, port: int = 22, user: str = "root", key_filename: str | None = None,
                  timeout_s: float = CONNECT_TIMEOUT_S, connect_attempts: int = 2, retry_backoff_s: float = 1.0,
-                 pool: SSHPool | None = None):
+                 pool: SSHPool | None = None, host_keys: "InstanceHostKeys | None" = None):
         self.host, self.port, self.user, self.key_filename = host, port, user, key_filename
+        #: where the host's key is kept (trust on first use); ``None``: any host key is accepted
+        self.host_keys = host_keys
         self.connect_timeout_s = min(timeout_s, CONNECT_TIMEOUT_S)
         self.connect_attempts, self.retry_backoff_s = connect_attempts, retry_backoff_s
         self.pool = POOL if pool is None else pool
@@ -251,7 +256,10 @@ class SSHRunner:
                         "dns": "host name not known"}.get(kind, str(exc) or type(exc).__name__)
                 raise Unreachable(f"{where}: {what} (after {attempt} attempt(s)): {exc}", kind) from None
             client = paramiko.SSHClient()
-            client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+            if self.host_keys is None:
+                client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+            else:  # paramiko checks the kept key (BadHostKeyException) before authenticating
+                self.host_keys.prepare(client, self.host, self.port)
             remaining = max(0.05, deadline - time.monotonic())
             try:
                 client.connect(
@@ -267,6 +275,8 @@ class SSHRunner:
                 client.close()
                 sock.close()
                 kind = classify(exc)
+                if kind == "host_key":
+                    raise Unreachable(f"{where}: {self.host_keys.refuse(exc.key)}", kind) from None
                 what = {"banner": f"TCP accepted but no SSH banner within {self.connect_timeout_s:g}s",
                         "auth": "authentication failed"}.get(kind, kind)
                 raise Unreachable(f"{where}: {what}: {exc or type(exc).__name__}", kind) from None
@@ -276,6 +286,14 @@ class SSHRunner:
         before = len(self.pool)
         self.client = self.pool.get(self.key, self._connect)
         self.reused = len(self.pool) == before
+        if self.host_keys is not None:
+            # a pooled connection may have been opened by a runner that keeps no key: check it too
+            transport = self.client.get_transport()
+            offered = transport.get_remote_server_key() if transport is not None else None
+            if offered is not None and not self.host_keys.check(offered):
+                self.pool.release(self.key, self.client, broken=True)
+                self.client = None
+                raise Unreachable(f"ssh {self.user}@{self.host}:{self.port}: {self.host_keys.refuse(offered)}", "host_key")
         return self
 
     def run(self, command: str, timeout_s: float = 10, keep: str = "head", max_chars: int = MAX_OUTPUT_CHARS) -> tuple[int, str]:
@@ -381,6 +399,109 @@ class SSHRunner:
             self.pool.release(self.key, self.client, broken=self.broken)
             self.client = None
         return False
+
+
+# --- host keys: trust on first use ---------------------------------------------------------------
+def key_line(key) -> str:
+    """A paramiko ``PKey`` as ``"<type> <base64>"`` (the form ``known_hosts`` uses)."""
+    return f"{key.get_name()} {key.get_base64()}"
+
+
+def fingerprint(line_or_key) -> str:
+    """OpenSSH's ``SHA256:…`` fingerprint of a key (a ``PKey`` or a :func:`key_line`)."""
+    import base64
+    import hashlib
+
+    blob = line_or_key.asbytes() if hasattr(line_or_key, "asbytes") else base64.b64decode(str(line_or_key).split()[1])
+    return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
+
+
+class _KeepOnFirstUse:
+    """paramiko ``MissingHostKeyPolicy``: no key kept yet → keep this one; a key kept of another
+    type → refused like a changed key (paramiko only compares keys of the offered type)."""
+
+    def __init__(self, store: "InstanceHostKeys"):
+        self.store = store
+
+    def missing_host_key(self, client, hostname, key):
+        import paramiko
+
+        kept = self.store.known()
+        if kept:
+            raise paramiko.BadHostKeyException(hostname, key, _parse(kept))
+        self.store.remember(key)
+
+
+def _parse(line: str):
+    from paramiko.hostkeys import HostKeyEntry
+
+    entry = HostKeyEntry.from_line(f"kept {line}")
+    if entry is None or entry.key is None:
+        raise ValueError(f"not a host key line: {line[:60]!r}")
+    return entry.key
+
+
+class InstanceHostKeys:
+    """Trust on first use for one ``fleet.models.Instance``: the first SSH host key it offers is
+    kept on the instance (``ssh_host_key``, ``ssh_host_key_at``); later connections must offer
+    the same key, else they are refused before authenticating (nothing is run on the machine), an
+    ``ssh_host_key_changed`` alert is raised and the diagnosis says so (``fleet.diagnostics``).
+
+    The check is paramiko's own: the kept key goes into the client's ``HostKeys`` (a different
+    key of that type raises ``BadHostKeyException``) and :class:`_KeepOnFirstUse` is its
+    ``MissingHostKeyPolicy``. A machine rebuilt on purpose gets a new key: an operator clears the
+    kept one (the instance's ``ssh_host_key``) and the next contact keeps the new one. Source:
+    OpenSSH's ``StrictHostKeyChecking=accept-new``.
+    """
+
+    def __init__(self, instance):
+        self.instance = instance
+
+    def known(self) -> str:
+        from fleet.models import Instance
+
+        line = Instance.objects.filter(pk=self.instance.pk).values_list("ssh_host_key", flat=True).first()
+        return line or ""
+
+    def prepare(self, client, host: str, port: int) -> None:
+        """Load the kept key into ``client``'s host keys and set the first-use policy."""
+        kept = self.known()
+        if kept:
+            try:
+                key = _parse(kept)
+                client.get_host_keys().add(host if int(port) == 22 else f"[{host}]:{port}", key.get_name(), key)
+            except Exception:  # noqa: BLE001 — an unreadable kept key is refused like a changed one
+                logging.getLogger(__name__).warning("instance %s: kept host key unreadable", self.instance.pk)
+        client.set_missing_host_key_policy(_KeepOnFirstUse(self))
+
+    def check(self, key) -> bool:
+        """Whether ``key`` is the kept one; a first key is kept (and is then the kept one)."""
+        kept = self.known()
+        if not kept:
+            self.remember(key)
+            return True
+        return kept.split()[:2] == key_line(key).split()[:2]
+
+    def remember(self, key) -> None:
+        """Keep ``key`` if no key is kept yet (a conditional UPDATE: the first writer wins)."""
+        from fleet.models import Instance
+
+        Instance.objects.filter(pk=self.instance.pk, ssh_host_key="").update(
+            ssh_host_key=key_line(key), ssh_host_key_at=clock.now())
+
+    def refuse(self, offered) -> str:
+        """Raise the ``ssh_host_key_changed`` alert for ``offered`` (a ``PKey``); return the line
+        that says why the connection was refused."""
+        from fleet.alerts import raise_alert
+
+        inst = self.instance
+        kept = self.known()
+        why = (f"host key changed: it offered {offered.get_name()} {fingerprint(offered)}, not the key kept on first "
+               f"contact ({fingerprint(kept) if kept else 'unreadable'}); refused before authenticating, nothing was run. "
+               "It may be another machine on this address; if the machine was rebuilt, clear its kept host key")
+        raise_alert("ssh_host_key_changed", f"{inst.external_id} ({inst.ssh_host}:{inst.ssh_port or 22}): {why}",
+                    severity="P1", key=f"ssh_host_key_changed:{inst.external_id}", instance=inst)
+        return why
 
 
 def _cut(text: str, keep: str, limit: int = MAX_OUTPUT_CHARS) -> str:

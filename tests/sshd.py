@@ -72,13 +72,15 @@ class SSHServer:
     ``proc`` (the sshd process). :meth:`stop` ends sshd and every session process it started.
     """
 
-    def __init__(self, root: Path, extra_hosts: list[str] | None = None):
+    def __init__(self, root: Path, extra_hosts: list[str] | None = None, port: int = 0):
         self.root = Path(root)
         self.host = "127.0.0.1"
         #: further loopback addresses (``127.0.1.1`` …) the same sshd listens on, each a "host" of its
         #: own for the client (one pooled connection each): the fan-out bench. sshd takes at most 16
         #: listen sockets in all (its MAX_LISTEN_SOCKS)
         self.extra_hosts = list(extra_hosts or [])
+        #: a given port (another sshd, with another host key, on the address of one that stopped)
+        self.wanted_port = port
         self.port = 0
         self.user = os.environ.get("USER") or _current_user()
         self.bin_dir = self.root / "bin"
@@ -106,7 +108,7 @@ class SSHServer:
         os.chmod(self.key_file, 0o600)
         os.chmod(host_key, 0o600)
         (self.root / "authorized_keys").write_text(f"{client.get_name()} {client.get_base64()} warden-test\n")
-        self.port = free_port(self.host)
+        self.port = self.wanted_port or free_port(self.host)
         config = self.root / "sshd_config"
         config.write_text(
             "\n".join([

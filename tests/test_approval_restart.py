@@ -251,4 +251,5 @@ def test_an_approval_decided_while_another_run_holds_the_lock_still_executes_onc
              what="the approved call to execute after the lock was released (agent.tasks.resume must retry "
                   "while the run lock is busy instead of dropping the task)")
     assert len(launched(local_fleet)) == 1
-    assert Run.objects.get(pk=approval.run_id).status != "parked"
+    # the run leaves "parked" a moment after its approval is marked executed (same resume)
+    wait_for(lambda: Run.objects.get(pk=approval.run_id).status != "parked", timeout=30, what="the resumed run to go on")

@@ -56,7 +56,7 @@ def test_it_needs_no_login_and_names_what_is_down(client, settings):
     DemandSample.objects.create(taken_at=t, state="unknown")
     resp = client.get("/healthz")
     body = resp.json()
-    assert set(body["checks"]) == {"database", "harmony", "redis", "celery", "beat"}
+    assert set(body["checks"]) == {"database", "harmony", "redis", "celery", "beat", "runs"}
     for name in ("database", "harmony", "redis", "beat"):
         assert body["checks"][name]["up"], (name, body["checks"][name])
     assert body["last_run"]["number"] == 4 and body["last_run"]["status"] == "done"

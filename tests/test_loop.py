@@ -10,6 +10,7 @@ from agent.loop import acquire_lock, release_lock, resume_run, run_cycle
 from agent.models import Approval, Run, SessionState, SideEffect
 from agent.planners.script import ScriptPlanner
 from fleet.clock import VirtualClock, use_clock
+from fleet.models import Alert
 from tests.scenario_world import entry, scenario_world
 
 pytestmark = pytest.mark.django_db
@@ -111,7 +112,15 @@ def test_an_approval_granted_on_stale_facts_executes_nothing():
         clock.advance(timedelta(minutes=20).total_seconds())  # the diagnosis goes stale
         do_decide(approval, "approve", "user:alice")
         resume_run(run, planner=script)
-    stop = Run.objects.get(pk=run.pk).steps.get(tool="stop_instance")
+    stop, again = Run.objects.get(pk=run.pk).steps.filter(tool="stop_instance").order_by("seq")
     assert (stop.outcome, stop.reason_code) == ("refused", "diagnosis_required")
-    assert Approval.objects.get(pk=approval.pk).status == "void"
+    void = Approval.objects.get(pk=approval.pk)
+    assert void.status == "void" and "diagnosed again and asked again" in void.outcome_detail
     assert "stop_instance" not in [c for c, _ in provider.calls]
+    # diagnosed again and asked again: the same call waits for the operator, with the fresh verdict
+    rediag = Run.objects.get(pk=run.pk).steps.filter(tool="diagnose_instance").order_by("-seq").first()
+    assert rediag.seq < again.seq and rediag.outcome == "executed"
+    assert again.outcome == "parked" and again.approval.status == "waiting" and "fresh diagnosis" in again.call_reason
+    assert Run.objects.get(pk=run.pk).status == "parked"
+    alert = Alert.objects.get(kind="approval_refused")
+    assert f"approval {approval.pk}" in alert.message and "diagnosis_required" in alert.message

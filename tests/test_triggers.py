@@ -112,14 +112,16 @@ def test_a_run_takes_the_waiting_events_and_the_page_names_them(short_windows, b
         assert detail in html
 
 
-def test_a_second_running_run_is_refused_by_the_database_and_its_events_wait(short_windows, broker_queue):
-    Run.objects.create(number=90, trigger="heartbeat", planner="rules", status="running", started_at=clock.now())
-    with pytest.raises(RunBusy):
+def test_a_second_running_run_is_refused_by_the_database_and_a_stuck_one_does_not_hold_the_events(short_windows, broker_queue):
+    stuck = Run.objects.create(number=90, trigger="heartbeat", planner="rules", status="running", started_at=clock.now())
+    with pytest.raises(RunBusy):  # the constraint is the lock's second net
         claim_run("event", None, [])
     triggers.fire("worker_died", "i-7 running → exited")
-    assert run_cycle("event", events="need") is None  # the lock was free; the constraint said no
-    assert triggers.pending() == 1  # put back for the next run, not lost
-    assert Run.objects.count() == 1
+    # the lock was free, so no live process owns run 90: the next cycle fails it and takes the events
+    run = run_cycle("event", events="need")
+    stuck.refresh_from_db()
+    assert stuck.status == "failed" and "let go of the run lock" in stuck.halt_detail
+    assert run is not None and run.trigger == "worker_died" and triggers.pending() == 0
 
 
 def test_events_a_run_raises_itself_are_not_triggers(short_windows, broker_queue):

@@ -12,7 +12,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 from django_htmx.http import trigger_client_event
 
-from agent.approvals import DecisionError, do_decide
+from agent.approvals import DecisionError, do_decide, note_resume_not_queued
 from agent.models import Approval
 from console.forms import (
     DecisionForm,
@@ -34,6 +34,10 @@ log = logging.getLogger(__name__)
 
 # --- approvals inbox ---------------------------------------------------------------------------
 APPROVALS_RECENT = 30
+#: what an operator is told when a decision is stored but its resume could not be queued
+#: (``agent.sweep``: the monitor's beat task dispatches it once the broker is back)
+SWEEP_PROMISE = ("The monitor's sweep dispatches it within a minute of the broker being back, "
+                 "and an approval_stalled alert will say what became of it.")
 
 
 def approvals_context(recent: int = APPROVALS_RECENT) -> dict:
@@ -155,7 +159,9 @@ def bulk_decide(request: HtmxHttpRequest) -> HttpResponse:
                 start_resume(run_id)
             except Exception as exc:  # broker down: the decisions are stored, the resume is not queued
                 log.warning("start_resume(%s) failed: %s", run_id, exc)
-                lines.append({"ok": False, "text": f"decided, but the agent could not be resumed: {_why(exc)}"})
+                note_resume_not_queued([a.pk for a in decided], _why(exc))
+                lines.append({"ok": False, "text": f"decided and stored, but the agent could not be resumed: {_why(exc)}. "
+                              f"{SWEEP_PROMISE}"})
                 break
     if request.htmx:
         ctx = _page_context(request, bulk=True, bulk_answer=True, bulk_error=error, bulk_lines=lines,
@@ -206,7 +212,8 @@ def decide_approval(request: HtmxHttpRequest, pk: int) -> HttpResponse:
                 note = f"{approval.status}; the agent resumes run #{approval.run.number}"
             except Exception as exc:  # broker down: the decision is stored, the resume is not queued
                 log.warning("start_resume(%s) failed: %s", approval.run_id, exc)
-                note = f"{approval.status}, but the agent could not be resumed: {_why(exc)}"
+                note_resume_not_queued([approval.pk], _why(exc))
+                note = f"{approval.status} and stored, but the agent could not be resumed: {_why(exc)}. {SWEEP_PROMISE}"
     if request.htmx:
         now = clock.now()
         approval.seconds_left = (approval.expires_at - now).total_seconds()

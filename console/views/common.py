@@ -85,7 +85,8 @@ def redis_hint(exc: Exception) -> str:
         if not settings.REDIS_EMBEDDED
         else "run `make run` (it starts it) or set REDIS_URL"
     )
-    return f"Redis unreachable via {where}: {type(exc).__name__}: {str(exc)[:160]} — {todo}; nothing was lost"
+    # what was kept is the caller's to say (a stored decision, a saved message): never assumed here
+    return f"Redis unreachable via {where}: {type(exc).__name__}: {str(exc)[:160]} — {todo}"
 
 
 def _record_after(row: AuditLog, after: dict) -> bool:

@@ -292,7 +292,8 @@ def post_message(request: HtmxHttpRequest) -> HttpResponse:
                 sent = True
             except Exception as exc:  # broker down: the message is stored, the run is not queued
                 log.warning("start_cycle(chat) failed: %s", exc)
-                form.add_error(None, f"message saved, but the agent could not be started: {_why(exc)}")
+                form.add_error(None, f"message saved, but the agent could not be started: {_why(exc)}; "
+                               "it waits as a queued run, which the next cycle answers")
     if request.htmx:
         if sent:
             form = MessageForm()

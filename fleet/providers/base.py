@@ -116,17 +116,20 @@ class Provider:
         """A runner for diagnostics on ``instance`` (``fleet.diagnostics``), or ``None``.
 
         Default: SSH to ``instance.ssh_host:ssh_port`` as WARDEN_SSH_USER with the key file named
-        by WARDEN_SSH_KEY_FILE (a reference, read at use), when the instance has an SSH host.
+        by WARDEN_SSH_KEY_FILE (a reference, read at use), when the instance has an SSH host; the
+        host key is kept on the instance on first contact and a changed one refused
+        (``fleet.ssh.InstanceHostKeys``).
         """
         if not instance.ssh_host:
             return None
         from django.conf import settings
 
-        from fleet.ssh import SSHRunner
+        from fleet.ssh import InstanceHostKeys, SSHRunner
 
         return SSHRunner(
             instance.ssh_host,
             instance.ssh_port or 22,
             user=settings.WARDEN.get("SSH_USER") or "root",
             key_filename=settings.WARDEN.get("SSH_KEY_FILE") or None,
+            host_keys=InstanceHostKeys(instance) if instance.pk else None,  # trust on first use
         )

@@ -46,7 +46,7 @@ from django.conf import settings
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fleet.providers.base import Provider, ProviderError, ProviderInstance
-from fleet.ssh import SSHRunner, Unreachable
+from fleet.ssh import InstanceHostKeys, SSHRunner, Unreachable
 
 #: the setting naming the hosts file
 HOSTS_FILE_ENV = "WARDEN_SSH_HOSTS_FILE"
@@ -322,7 +322,8 @@ class SSHProvider(Provider):
         except ProviderError:
             return super().command_runner(instance)
         key = h.key_file or settings.WARDEN.get("SSH_KEY_FILE") or None
-        return SSHRunner(h.host, h.port, user=h.user, key_filename=key, timeout_s=h.timeout_s)
+        return SSHRunner(h.host, h.port, user=h.user, key_filename=key, timeout_s=h.timeout_s,
+                         host_keys=InstanceHostKeys(instance) if instance.pk else None)  # trust on first use
 
 
 class WithOwnedHosts(Provider):
