@@ -4,6 +4,7 @@ real sshd with its own host key, started on the port of the first) is refused be
 raises an alert, and the diagnosis says so — nothing runs on that machine."""
 
 import pytest
+from django.conf import settings
 from django.utils import timezone
 
 from fleet.diagnostics import diagnose
@@ -29,8 +30,8 @@ def _server(root, port: int = 0) -> SSHServer:
 @pytest.fixture
 def first(tmp_path, monkeypatch):
     server = _server(tmp_path / "first")
-    monkeypatch.setenv("WARDEN_SSH_USER", server.user)
-    monkeypatch.setenv("WARDEN_SSH_KEY_FILE", str(server.key_file))
+    monkeypatch.setitem(settings.WARDEN, "SSH_USER", server.user)
+    monkeypatch.setitem(settings.WARDEN, "SSH_KEY_FILE", str(server.key_file))
     yield server
     POOL.close_all()
     server.stop()

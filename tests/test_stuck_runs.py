@@ -114,7 +114,8 @@ def test_a_run_left_running_with_the_lock_free_is_told_apart_and_failed_on_eithe
 
 
 @FLEET_DB
-def test_healthz_names_a_stuck_run_and_the_next_cycle_fails_it(client, local_fleet):
+def test_healthz_names_a_stuck_run_and_the_next_cycle_fails_it(client, alice, local_fleet):
+    client.force_login(alice)  # an anonymous caller gets the status and names only
     run = Run.objects.create(number=7, trigger="heartbeat", planner="rules", status="running", started_at=clock.now())
     body = client.get("/healthz").json()
     assert "runs" in body["down"]
@@ -127,8 +128,9 @@ def test_healthz_names_a_stuck_run_and_the_next_cycle_fails_it(client, local_fle
 
 
 @FLEET_DB
-def test_a_running_run_whose_lock_is_held_by_a_live_process_is_not_stuck(client, local_fleet):
+def test_a_running_run_whose_lock_is_held_by_a_live_process_is_not_stuck(client, alice, local_fleet):
     """Near miss: a run working under a live lock holder (this process) is not called stuck."""
+    client.force_login(alice)
     from agent.runs import acquire_lock, release_lock
 
     token = acquire_lock(ttl_s=600)
