@@ -113,7 +113,9 @@ def capacity(world) -> Capacity:
         if is_terminal(inst, world)[0] or draining(inst, world):
             continue
         w = world.worker_for(inst)
-        if worker_live(inst, world) and inst.status != "exited":
+        if inst.status in ("stopped", "exited") or inst.intended_status == "stopped":
+            continue  # a heartbeat still in its window after a stop (or the process ending) is the last one
+        if worker_live(inst, world):
             cap.live.append(inst)
         elif inst.status in PENDING_STATUSES and inst.status != "rebooting":
             if not starving(inst, world):

@@ -224,8 +224,11 @@ def check(tool: str, args: dict, key: str, world, *, batch_prior: list[tuple[str
 
         cap = capacity(world)
         if cap.holds(inst):
-            prior = sum(1 for t, a in batch_prior if t in SCALE_DOWN_TOOLS and (i := world.instance(str(a.get("instance_id", "")))) is not None
-                        and cap.holds(i))
+            # earlier stops and destroys of this batch retire one instance each (a stop then a
+            # destroy of the same instance is one retirement; this instance's own is this call)
+            prior = len({str(a.get("instance_id", "")) for t, a in batch_prior if t in SCALE_DOWN_TOOLS
+                         and str(a.get("instance_id", "")) != inst.external_id
+                         and (i := world.instance(str(a.get("instance_id", "")))) is not None and cap.holds(i)})
             budget = retire_budget(world, cap=cap, exclude_key=key, ahead=prior)
             if budget.left < 1:
                 return Refusal("disruption_budget", f"the scale-down budget is spent: {budget.words()}; "
