@@ -90,9 +90,12 @@ class Capacity:
         return any(i.pk == inst.pk for i in self.instances)
 
 
-def _since(inst):
-    times = [t for t in (getattr(inst, "started_at", None), getattr(inst, "status_since", None)) if t is not None]
-    return max(times) if times else None
+def _in_grace(inst, now, grace) -> bool:
+    """Whether a running instance whose worker is not live yet is inside its startup grace: it has
+    been ``running`` (``status_since``, our record of the status change: a resume or a launch that
+    came up) for less than ``grace``. A time after ``now`` (a clock that disagrees) is no grace."""
+    since = getattr(inst, "status_since", None)
+    return since is not None and timedelta(0) <= now - since < grace
 
 
 def capacity(world) -> Capacity:
@@ -123,7 +126,7 @@ def capacity(world) -> Capacity:
         elif inst.status == "running":
             if w is None and not blind(world):
                 unviewed.append(inst)
-            elif (since := _since(inst)) is not None and now - since < grace:
+            elif _in_grace(inst, now, grace):
                 cap.starting.append(inst)
             else:
                 cap.dead.append(inst)
@@ -131,8 +134,7 @@ def capacity(world) -> Capacity:
         extra = max(0, (d.workers_live or 0) - len(cap.live)) if d is not None else 0
         cap.live += unviewed[:extra]
         for inst in unviewed[extra:]:
-            since = _since(inst)
-            (cap.starting if since is not None and now - since < grace else cap.dead).append(inst)
+            (cap.starting if _in_grace(inst, now, grace) else cap.dead).append(inst)
     return cap
 
 
