@@ -127,7 +127,8 @@ def test_naming_tool_in_policy_replaces_its_priority_defaults(tmp_path):
     data["timeline"][0]["demand"]["workers_live"] = 0  # a P0 launch (no worker live)
     data["timeline"][0]["fleet"] = [{"id": "v-101", "worker": {"live": False, "unschedulable": False, "owned_tasks": 0}}]
     # the dead worker is not capacity: the sizing's two workers are two P0 launches, both parked
-    data["expect"] = {"parked": [{"tool": "launch_instance", "args": {"launch_priority": "P0"}}] * 2, "executed": []}
+    data["expect"] = {"parked": [{"tool": "launch_instance", "args": {"launch_priority": "P0"}}] * 2,
+                      "never_executed": ["launch_instance"]}
     _ok(_replay(tmp_path, data))
 
 
