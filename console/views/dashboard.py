@@ -87,8 +87,19 @@ def cards_context() -> dict:
         counts_stale=not ok and ctx["demand"] is not None and ctx["demand_state"] != "unknown",
         last_run=Run.objects.order_by("-number").only("number", "status", "started_at", "trigger").first(),
         model_today=model_spend_today(),
+        retire_budget=retire_budget_context(ctx["demand"]),
     )
     return ctx
+
+
+def retire_budget_context(sample):
+    """The scale-down budget's state for the dashboard ("2 of 2 retirements left in this window"),
+    from the records (``agent.capacity.recorded_world``), or None when demand was never read."""
+    from agent.capacity import recorded_world, retire_budget
+
+    if sample is None:
+        return None
+    return retire_budget(recorded_world(sample))
 
 
 def model_spend_today() -> dict:
