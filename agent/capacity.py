@@ -280,23 +280,3 @@ def retire_budget(world, *, cap: Capacity | None = None, exclude_key: str = "", 
     total = max(1, math.floor(pct / 100.0 * base + 1e-9))
     return RetireBudget(used=len(outcomes) + ahead, total=total, window_min=window, base=base, pct=pct)
 
-
-def recorded_world(sample=None):
-    """A world from the records alone, for pages that must not read the provider or the demand
-    source: the instances not killed and the newest ``DemandSample`` (``sample``), whose totals
-    stand in for per-worker views (:func:`capacity` counts running instances live up to its
-    ``workers_live``). Returns an ``agent.observe.World``."""
-    from agent.observe import World
-    from agent.policy import effective_limits, effective_policy
-    from fleet.demand.base import DemandReading
-    from fleet.models import DemandSample, Instance
-
-    sample = sample if sample is not None else DemandSample.objects.order_by("-taken_at").first()
-    if sample is None:
-        reading = DemandReading.unknown("no demand sample yet")
-    else:
-        reading = DemandReading(state=sample.state, queued=sample.queued, running=sample.running,
-                                workers_expected=sample.workers_expected, workers_live=sample.workers_live,
-                                workers_dead=sample.workers_dead, backlog=sample.backlog, proof_s=sample.proof_s,
-                                idle_since=sample.idle_since, taken_at=sample.taken_at)
-    return World(list(Instance.objects.filter(killed_at__isnull=True)), reading, effective_limits(), effective_policy())
