@@ -438,6 +438,9 @@ LIMIT_RANGES = {
     "destroy_confirm_min": ("float", 1, 10_080),
     "stopped_destroy_h": ("float", 1, 100_000),
     "startup_grace_s": ("int", 0, 3600),
+    # the scale-down budget (agent.capacity.retire_budget): a sliding window and a share of capacity
+    "retire_window_min": ("float", 1, 1440),
+    "retire_budget_pct": ("float", 0, 100),
     "max_steps": ("int", 1, 100),
     "same_error": ("int", 1, 20),
     "text_only_spiral": ("int", 1, 50),
@@ -484,7 +487,10 @@ def _clean_limit(key: str, value):
     field = f"limits.{key}"
     kind, low, high = LIMIT_RANGES[key]
     if kind in ("int", "float"):
-        return _number(field, value, kind, low, high)
+        num = _number(field, value, kind, low, high)
+        if key == "retire_budget_pct" and num <= 0:
+            raise OverrideError(field, "must be more than 0 and at most 100 (a share of capacity, in percent)")
+        return num
     try:
         if kind == "pair":
             launches, seconds = parse_number_list(value, field, low=1, high=high, length=2)

@@ -6,7 +6,7 @@ whole order, with the stage that reports each code:
 ``forged_observation``, ``unknown_tool``, ``forbidden_tool``, ``invalid_args``, ``identical_args``
 (pipeline) → ``duplicate`` → ``batch_too_large`` (pipeline, a whole batch) → ``target_gone``,
 ``already_running``, ``rejected_recently``, ``priority_required``, ``owned_host``, ``demand_guard``, ``owned_tasks``,
-``hold_off``, ``launch_pending``, ``instance_cap``, ``budget_cap``, ``diagnosis_required``,
+``hold_off``, ``disruption_budget``, ``launch_pending``, ``instance_cap``, ``budget_cap``, ``diagnosis_required``,
 ``in_flight``, ``no_longer_needed`` (at dispatch of a parked launch or resume),
 ``observe_only``, ``rate_limited`` (here) → policy (``approval_required``: pipeline, with
 :func:`agent.lifecycle.forced_approval`). Guards run when a call is proposed and again at
@@ -32,8 +32,14 @@ Rules and their sources (what "terminal", "blind" and "starving" mean is ``agent
 - an operator-owned SSH host is never destroyed by the agent or the monitor (dstack SSH fleets);
 - no launch while an earlier launch is pending (SkyPilot) unless it is starving, within the
   instance (starving launches still count) and $/hr caps;
-- ``no_longer_needed``: at dispatch, a launch or resume the ``rules`` planner's sizing no longer
-  asks for (issue 9 §1.4).
+- ``disruption_budget``: the agent's stops and destroys of capacity (live or starting instances)
+  within ``retire_window_min`` are at most ``max(1, floor(retire_budget_pct% of W))``
+  (``agent.capacity.retire_budget``): a misread signal cannot retire the fleet in one cycle
+  (defence in depth, after every other scale-down guard passed). The monitor and an operator's
+  own actions are outside it;
+- ``no_longer_needed``: at dispatch, a launch or resume that was within the need when it was
+  parked and is beyond it now (``agent.capacity.need_for``, counting what was dispatched
+  before it); one parked beyond the need is the operator's decision.
 """
 
 from dataclasses import dataclass
@@ -111,7 +117,8 @@ def duplicate(tool: str, args: dict, key: str, *, batch_prior: list[tuple[str, d
 
 def check(tool: str, args: dict, key: str, world, *, batch_prior: list[tuple[str, dict]] = (), actor: str = "agent",
           override: set[str] = frozenset(), batch_launched: set[str] = frozenset(),
-          batch_keys: set[str] = frozenset(), at_dispatch: bool = False, observe_only: bool = False) -> Refusal | None:
+          batch_keys: set[str] = frozenset(), at_dispatch: bool = False, observe_only: bool = False,
+          parked_within: bool = True) -> Refusal | None:
     """The first refusal for ``tool(args)``, or ``None`` when every guard passes.
 
     ``key`` is the runtime's idempotency key; ``batch_prior`` the (tool, args) of calls earlier
@@ -120,10 +127,12 @@ def check(tool: str, args: dict, key: str, world, *, batch_prior: list[tuple[str
     the instances launched by earlier calls of the same batch (they are not "pending" for it);
     ``batch_keys`` the keys of approvals parked by the same batch (identical launches of one batch
     are several workers wanted, not duplicates of each other); ``at_dispatch`` true when an
-    approved call is about to run (``no_longer_needed`` applies then); ``observe_only`` the
+    approved call is about to run (``no_longer_needed`` applies then, and only when
+    ``parked_within``: the call was within the need when it was parked); ``observe_only`` the
     session's switch (side effects are refused ``observe_only`` after every other guard but
-    ``rate_limited``). Raises nothing for bad ids: an instance we never had is left to the tool
-    (it errors ``not_found``).
+    ``rate_limited``). A side effect naming an instance that exists nowhere (neither in the
+    fleet nor in our records) is refused ``target_gone`` here, never parked; a read (diagnose)
+    of one is left to the tool (it errors ``not_found``).
     """
     spec = TOOLS[tool]
     lim = world.limits
@@ -142,6 +151,10 @@ def check(tool: str, args: dict, key: str, world, *, batch_prior: list[tuple[str
     # confirmed destroy listed again is reopened by fleet.sync), so it is never refused for it.
     if spec.side_effect and inst is not None and inst.killed_at is not None:
         return Refusal("target_gone", f"{inst.external_id} is gone ({inst.kill_reason or 'killed'}, {inst.killed_by or 'unknown'})")
+    if spec.side_effect and spec.instance_arg and inst is None:
+        ident = str(args.get(spec.instance_arg, ""))[:80]
+        return Refusal("target_gone", f"no instance {ident!r} exists (not in the fleet the provider lists, not in our records); "
+                       "list_instances shows the ids")
 
     # already_running: the world was listed from the provider just before this check
     if tool == "resume_instance" and inst is not None and inst.status == "running":
@@ -205,6 +218,22 @@ def check(tool: str, args: dict, key: str, world, *, batch_prior: list[tuple[str
                 return Refusal("hold_off", f"on hold: the last launch was {ago:.1f} min ago; a scale-down waits "
                                f"out the hold-off after a launch ({lim.hold_off_min:g} min)")
 
+    # disruption_budget: the agent's retirements of capacity within the sliding window
+    if tool in SCALE_DOWN_TOOLS and inst is not None and inst.killed_at is None and actor == "agent":
+        from agent.capacity import capacity, retire_budget
+
+        cap = capacity(world)
+        if cap.holds(inst):
+            # earlier stops and destroys of this batch retire one instance each (a stop then a
+            # destroy of the same instance is one retirement; this instance's own is this call)
+            prior = len({str(a.get("instance_id", "")) for t, a in batch_prior if t in SCALE_DOWN_TOOLS
+                         and str(a.get("instance_id", "")) != inst.external_id
+                         and (i := world.instance(str(a.get("instance_id", "")))) is not None and cap.holds(i)})
+            budget = retire_budget(world, cap=cap, exclude_key=key, ahead=prior)
+            if budget.left < 1:
+                return Refusal("disruption_budget", f"the scale-down budget is spent: {budget.words()}; "
+                               f"{inst.external_id} is capacity, so it is not retired now")
+
     # owned_tasks for a reboot: it would kill the tasks a live worker is proving (a dead worker's
     # tasks are stuck anyway — rebooting it is the repair)
     if tool == "reboot_instance" and inst is not None:
@@ -257,15 +286,14 @@ def check(tool: str, args: dict, key: str, world, *, batch_prior: list[tuple[str
             return Refusal("in_flight", f"a side effect on {inst.external_id} is already in flight")
 
     # no_longer_needed (a parked launch or resume, at dispatch: the rules planner's sizing again)
-    if at_dispatch and tool in ("launch_instance", "resume_instance"):
-        from agent.planners.rules import sizing
+    if at_dispatch and parked_within and tool in ("launch_instance", "resume_instance"):
+        from agent.capacity import need_for
 
-        size = sizing(world)
-        if size.need <= 0:
+        need = need_for(world)
+        if need.workers <= 0:
             d = world.demand
-            return Refusal("no_longer_needed", f"no longer needed: demand {d.state}, "
-                           f"{d.queued if d.queued is not None else 'unknown'} queued; {len(size.active)} instance(s) "
-                           f"active for {size.desired} wanted")
+            return Refusal("no_longer_needed", f"no longer needed: it was within the need when parked; now demand {d.state}, "
+                           f"{d.queued if d.queued is not None else 'unknown'} queued, {need.words()}")
 
     # observe_only
     if spec.side_effect and observe_only:

@@ -147,6 +147,10 @@ class Step(models.Model):
     tokens = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField()
     duration_ms = models.FloatField(null=True)
+    # the facts the runtime scored a launch, resume or retirement on (agent.capacity):
+    # {"priority": {"proposed", "facts"}, "need": {"workers", "capacity", "live", "starting",
+    # "within"}, "retires_capacity": bool}; empty for other calls
+    facts = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["run", "seq"]

@@ -21,13 +21,13 @@ from pydantic import ValidationError
 
 from agent.actions import EffectNotRecorded
 from agent.breakers import Halt
-from agent.guards import Refusal
+from agent.guards import SCALE_DOWN_TOOLS, Refusal
 from agent.guards import check as guard_check
 from agent.guards import duplicate as duplicate_refusal
 from agent.lifecycle import forced_approval
 from agent.models import Approval, SideEffect, Step
 from agent.observe import with_retries
-from agent.policy import policy_for
+from agent.policy import PRIORITIES, policy_for
 from agent.tools import PUBLIC_TOOLS, TOOLS, ToolContext, ToolError, canonical_json
 from agent.untrusted import scan_for_injection
 from fleet.clock import clock
@@ -79,6 +79,7 @@ class Decision:
     key: str = ""
     action: str = "run"  # run | park | done
     forced: str = ""  # why it parks whatever the policy says (agent.lifecycle.forced_approval)
+    note: str = ""  # the facts a parked launch or resume was scored on ("proposed P0, facts P1, beyond the need…")
 
 
 @dataclass
@@ -140,12 +141,24 @@ def _schema_error(exc: ValidationError) -> str:
 
 def score_turn(tc, turn) -> tuple[list[Decision], Halt | None]:
     """Score every call of ``turn`` before anything runs. Each call's step is numbered now and
-    saved once with its outcome (a refusal here, or :func:`execute` / :func:`park`)."""
+    saved once with its outcome (a refusal here, or :func:`execute` / :func:`park`).
+
+    Launches and resumes are counted one at a time in the order proposed (``agent.capacity``):
+    each is within the need or beyond it, counting as capacity the calls of this batch that will
+    run before it. A launch's policy key is the less urgent of its proposed and its facts
+    priority. Beyond the need, a call identical to an earlier one of the batch is refused
+    ``duplicate``; any other that the policy would run by itself parks (forced approval)."""
+    from agent.capacity import CAPACITY_TOOLS, beyond_detail, facts_priority, less_urgent, need_for, priority_detail
+
     decisions: list[Decision] = []
     halt = None
     batch = len(turn.calls) > 1 or turn.batch
     too_large = len(turn.calls) > MAX_BATCH_CALLS
     passed: list[tuple[str, dict]] = []
+    need0 = None  # the need at the start of this turn (computed once, on the first launch or resume)
+    ahead = 0  # launches and resumes of this batch that will run before the next one
+    capacity_calls: set[tuple[str, str]] = set()  # (tool, canonical args) of earlier launches/resumes
+    run_launched = None
     for pos, p in enumerate(turn.calls):
         step = tc.draft_step(kind="call", turn=tc.turn_index, position=pos, batch=batch, tool=p.tool[:40],
                              raw_arguments=redact(p.raw())[:4000])
@@ -188,9 +201,28 @@ def score_turn(tc, turn) -> tuple[list[Decision], Halt | None]:
         step.args = redact_obj(args)
         dec.args = args
         step.call_reason = redact(str(args.get("reason", "")))[:2000]
-        if policy_for(p.tool, args, tc.world.policy) == "forbidden":
-            _finish(step, "halted", "forbidden_tool", f"{p.tool} at priority {args.get('launch_priority')} is forbidden by policy", ok=False)
-            halt = Halt("forbidden_tool", f"{p.tool} ({args.get('launch_priority')}) is forbidden by policy")
+        # the policy key a launch falls under: the less urgent of proposed and facts (agent.capacity)
+        policy_args, notes, need, within = args, [], None, True
+        if p.tool in CAPACITY_TOOLS:
+            if need0 is None:
+                need0 = need_for(tc.world)
+            need = need0.after(ahead)
+            within = need.workers >= 1
+            step.facts = {"need": need.record(within)}
+            if p.tool == "launch_instance":
+                proposed, facts = args.get("launch_priority"), facts_priority(tc.world)
+                step.facts["priority"] = {"proposed": proposed, "facts": facts}
+                if proposed in PRIORITIES:
+                    policy_args = {**args, "launch_priority": less_urgent(proposed, facts)}
+                if priority_detail(proposed, facts):
+                    notes.append(priority_detail(proposed, facts))
+            if not within:
+                notes.append(beyond_detail(need))
+        if policy_for(p.tool, policy_args, tc.world.policy) == "forbidden":
+            prio = policy_args.get("launch_priority")
+            why = f" ({'; '.join(notes)})" if notes else ""
+            _finish(step, "halted", "forbidden_tool", f"{p.tool} at priority {prio} is forbidden by policy{why}", ok=False)
+            halt = Halt("forbidden_tool", f"{p.tool} ({prio}) is forbidden by policy")
             dec.action = "done"
             continue
         ident = tc.breakers.identical(p.tool, args, tc.turn_index)
@@ -201,24 +233,68 @@ def score_turn(tc, turn) -> tuple[list[Decision], Halt | None]:
             continue
         dec.key = idempotency_key(tc.run.number, tc.turn_index, pos, p.tool, args)
         step.idempotency_key = dec.key
-        if too_large:  # refused whole: only the checks before it in SCENARIOS.md's order may speak first
+        refusal = None
+        if p.tool in CAPACITY_TOOLS:
+            same = (p.tool, canonical_json(args))
+            if not within and same in capacity_calls:
+                refusal = Refusal("duplicate", f"the same {p.tool} is earlier in this batch and this one is {beyond_detail(need)}")
+            capacity_calls.add(same)
+            if run_launched is None:
+                run_launched = launched_in_run(tc.run.pk)
+        if refusal is not None:
+            pass
+        elif too_large:  # refused whole: only the checks before it in SCENARIOS.md's order may speak first
             refusal = duplicate_refusal(p.tool, args, dec.key, batch_prior=passed) or Refusal(
                 "batch_too_large", f"a parallel batch of {len(turn.calls)} calls; at most {MAX_BATCH_CALLS} per turn, nothing in it ran")
             passed.append((p.tool, args))
         else:
             refusal = guard_check(p.tool, args, dec.key, tc.world, batch_prior=passed, actor=tc.actor,
-                                  observe_only=tc.observe_only)
+                                  observe_only=tc.observe_only, batch_launched=run_launched or frozenset())
         if refusal is not None:
             _finish(step, "refused", refusal.code, refusal.detail, ok=False)
             dec.action = "done"
             continue
         passed.append((p.tool, args))
+        if p.tool in SCALE_DOWN_TOOLS and tc.actor == "agent":
+            step.facts = {"retires_capacity": retires_capacity(tc.world, args)}
         if spec.side_effect:
             dec.forced = forced_approval(p.tool, args, tc.world, injected=run_injected(tc))
-            if dec.forced or policy_for(p.tool, args, tc.world.policy, tc.actor) == "approval":
+            auto = policy_for(p.tool, policy_args, tc.world.policy, tc.actor) != "approval"
+            if not within and auto and not dec.forced:
+                dec.forced = beyond_detail(need)  # beyond the need: never rented without an operator
+            dec.note = ", ".join(notes)
+            if dec.forced or not auto:
                 dec.action = "park"  # park() saves the step
+            elif p.tool in CAPACITY_TOOLS:
+                ahead += 1  # it runs: the next launch or resume counts it as starting
         # a call that runs is saved once, with its outcome, by execute()
     return decisions, halt
+
+
+def retires_capacity(world, args: dict) -> bool:
+    """Whether a stop or destroy of ``args["instance_id"]`` retires capacity (the instance is live
+    or starting: ``agent.capacity.capacity``); what the scale-down budget counts."""
+    from agent.capacity import capacity
+
+    inst = world.instance(str(args.get("instance_id", "")))
+    return inst is not None and capacity(world).holds(inst)
+
+
+def launched_in_run(run_id: int) -> set[str]:
+    """Instance ids this run launched or resumed (executed calls): they are not "pending" for its
+    later launches (``launch_pending``); the need counts them instead (``agent.capacity``)."""
+    ids = set()
+    for tool, args, obs in Step.objects.filter(run_id=run_id, tool__in=["launch_instance", "resume_instance"],
+                                               outcome__in=["executed", "approved_executed"]).values_list("tool", "args", "observation"):
+        if tool == "resume_instance":
+            if isinstance(args, dict) and args.get("instance_id"):
+                ids.add(str(args["instance_id"]))
+            continue
+        try:
+            ids.add(json.loads(obs.split("\n", 1)[1])["instance_id"])
+        except (IndexError, ValueError, KeyError, TypeError):
+            continue
+    return ids
 
 
 def process_turn(tc, turn) -> TurnResult:
@@ -316,9 +392,10 @@ def park(tc, d: Decision) -> Approval:
         idempotency_key=d.key,
         created_at=now,
         expires_at=now + timedelta(minutes=tc.limits.approval_expiry_min),
-        situation={**situation(tc.world, d.args), **({"forced": d.forced} if d.forced else {})},
+        situation={**situation(tc.world, d.args), **({"forced": d.forced} if d.forced else {}),
+                   **{k: v for k, v in (d.step.facts or {}).items() if k in ("need", "priority")}},
     )
-    why = f"; forced: {d.forced}" if d.forced else ""
+    why = (f"; {d.note}" if d.note else "") + (f"; forced: {d.forced}" if d.forced and d.forced not in d.note else "")
     _finish(d.step, "parked", "approval_required",
             f"waiting for an operator (approval {approval.pk}, expires in {tc.limits.approval_expiry_min:g} min){why}",
             observation=f"parked: {d.step.tool} waits for operator approval {approval.pk}", ok=None)
@@ -437,20 +514,6 @@ def _done(claim: SideEffect | None, status: str, result: str) -> None:
                     key=f"stale_claim:late:{claim.pk}")
 
 
-def _launched_by_siblings(step: Step) -> set[str]:
-    """Instance ids launched by calls of ``step``'s batch that already ran (same run and turn)."""
-    if not step.batch:
-        return set()
-    ids = set()
-    for obs in Step.objects.filter(run_id=step.run_id, turn=step.turn, tool="launch_instance",
-                                   outcome__in=["executed", "approved_executed"]).values_list("observation", flat=True):
-        try:
-            ids.add(json.loads(obs.split("\n", 1)[1])["instance_id"])
-        except (IndexError, ValueError, KeyError, TypeError):
-            continue
-    return ids
-
-
 def dispatch_approved(tc, approval: Approval) -> Step:
     """Run an approved call: guards again at dispatch, then execute once (``approved_executed``).
 
@@ -466,9 +529,14 @@ def dispatch_approved(tc, approval: Approval) -> Step:
         # again, and never void it as a duplicate of a call that may not have run
         return _already_dispatched(approval, claim)
     siblings = set(Approval.objects.filter(run_id=step.run_id, step__turn=step.turn).values_list("idempotency_key", flat=True))
-    refusal = guard_check(approval.tool, args, approval.idempotency_key, tc.world, actor=tc.actor,
-                          batch_launched=_launched_by_siblings(step), batch_keys=siblings, at_dispatch=True,
-                          observe_only=tc.observe_only)
+    refusal = dispatch_priority_refusal(tc.world, approval.tool, args)
+    if refusal is None:
+        # no_longer_needed only for a call that was within the need when it was parked (one parked
+        # before the need was recorded counts as within); beyond it, the operator decided on those facts
+        parked_within = bool(((approval.situation or {}).get("need") or {}).get("within", True))
+        refusal = guard_check(approval.tool, args, approval.idempotency_key, tc.world, actor=tc.actor,
+                              batch_launched=launched_in_run(step.run_id), batch_keys=siblings, at_dispatch=True,
+                              observe_only=tc.observe_only, parked_within=parked_within)
     if refusal is not None:
         _finish(step, "refused", refusal.code, f"approved, but refused at dispatch: {refusal.detail}", ok=False)
         detail = f"{refusal.code}: {refusal.detail}"
@@ -535,6 +603,21 @@ def _diagnose_and_ask_again(tc, approval: Approval) -> Approval | None:
         return None
     forced = forced_approval(approval.tool, args, tc.world, injected=run_injected(tc))
     return park(tc, Decision(step=again, proposal=None, args=args, key=key, action="park", forced=forced))
+
+
+def dispatch_priority_refusal(world, tool: str, args: dict) -> Refusal | None:
+    """At dispatch of an approved launch the facts priority is derived again; the call is refused
+    (``forbidden_tool``, the run is not halted) only when the key it now falls under — the less
+    urgent of proposed and facts — is ``forbidden``. Otherwise the operator's approval stands."""
+    from agent.capacity import facts_priority, less_urgent
+
+    if tool != "launch_instance" or args.get("launch_priority") not in PRIORITIES:
+        return None
+    proposed, facts = args["launch_priority"], facts_priority(world)
+    key = less_urgent(proposed, facts)
+    if policy_for(tool, {**args, "launch_priority": key}, world.policy) == "forbidden":
+        return Refusal("forbidden_tool", f"launch_instance:{key} is forbidden by policy (proposed {proposed}, facts {facts})")
+    return None
 
 
 def _already_dispatched(approval: Approval, claim: SideEffect) -> Step:

@@ -69,6 +69,10 @@ DEFAULT_LIMITS = {
     # a stopped instance still pays for its disk (vastai.md §2.4): stopped longer than this, the rules
     # planner proposes destroying it (destroy_instance's policy: approval by default)
     "stopped_destroy_h": 24,
+    # the scale-down budget (agent.capacity.retire_budget): the agent retires at most
+    # max(1, floor(pct% of capacity)) live or starting instances per sliding window
+    "retire_window_min": 15,
+    "retire_budget_pct": 50,
 }
 
 

@@ -31,9 +31,19 @@ DEAD_5 = [fleet_entry("local-4"), fleet_entry("local-5", live=False)]
 DEMAND_DEAD_5 = dict(BUSY_DEMAND, queued=7, backlog=2, workers_expected=2, workers_live=1, workers_dead=1)
 
 
+def one_worker_target():
+    """A target the live local-4 meets alone (180 proofs/hr at 20 s a proof): the dead local-5 is not
+    capacity, so with the default 360 the sizing would ask for a replacement launch first."""
+    from agent.models import SessionState
+
+    SessionState.get()
+    SessionState.objects.filter(pk=1).update(target_proofs_hr=180)
+
+
 def test_a_question_is_answered_from_the_observed_state(client, alice, broker_queue):
     client.force_login(alice)
     with rails_world(DEAD_5, DEMAND_DEAD_5):
+        one_worker_target()
         run, html = ask(client, "how many workers are live and why?")
     answer = run.final_answer
     assert answer.startswith("No model is configured")
@@ -80,6 +90,7 @@ def test_a_refusal_is_reported_with_its_code_and_detail(client, alice, broker_qu
 def test_what_waits_for_approval_from_earlier_cycles_is_listed(client, alice, broker_queue):
     client.force_login(alice)
     with rails_world(DEAD_5, DEMAND_DEAD_5):
+        one_worker_target()
         first, _ = ask(client, "status?")
         assert first.status == "parked"
         second, html = ask(client, "and now?")

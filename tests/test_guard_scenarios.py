@@ -59,6 +59,8 @@ GUARD_CODES = [
     "approval_required",
     "rejected",
     "expired",
+    # Version 3: the scale-down budget
+    "disruption_budget",
 ]
 #: codes whose refused (or both) scenario the file format cannot express; driven by tests below
 NO_REFUSED_FILE = {"in_flight", "expired"}
@@ -281,6 +283,7 @@ def test_demand_is_read_again_before_each_stop_or_destroy(tmp_path):
         VERDICT,
     ]
     data["policy"] = {"stop_instance": "auto", "destroy_instance": "auto"}
+    data["objectives"]["retire_budget_pct"] = 100  # both of two workers: outside the scale-down budget's default
     data["expect"] = {"executed": [{"tool": "stop_instance"}, {"tool": "destroy_instance"}]}
     report = _replay(tmp_path, data)
     assert report["mismatches"] == [], _dump(report)
@@ -406,7 +409,9 @@ def test_expired(tmp_path):
     from agent.planners.script import ScriptPlanner
     from fleet.clock import clock
 
-    sc, raw = _cycle_world(tmp_path, _load("guard-approval-required"))
+    data = _load("guard-approval-required")
+    data["objectives"]["retire_budget_pct"] = 100  # two of two workers parked: the budget's default allows one
+    sc, raw = _cycle_world(tmp_path, data)
     with isolated(sc) as provider:
         setup_world(sc, provider)
         run_cycle("replay", planner=make_planner(sc, raw))
@@ -438,7 +443,9 @@ def test_an_expired_call_is_recorded_expired(tmp_path):
     from agent.planners.script import ScriptPlanner
     from fleet.clock import clock
 
-    sc, raw = _cycle_world(tmp_path, _load("guard-approval-required"))
+    data = _load("guard-approval-required")
+    data["objectives"]["retire_budget_pct"] = 100  # two of two workers parked: the budget's default allows one
+    sc, raw = _cycle_world(tmp_path, data)
     with isolated(sc) as provider:
         setup_world(sc, provider)
         run1 = run_cycle("replay", planner=make_planner(sc, raw))
@@ -489,7 +496,9 @@ def test_duplicate_while_an_approval_waits(tmp_path):
     from agent.planners.script import ScriptPlanner
     from fleet.clock import clock
 
-    sc, raw = _cycle_world(tmp_path, _load("guard-approval-required"))
+    data = _load("guard-approval-required")
+    data["objectives"]["retire_budget_pct"] = 100  # two of two workers parked: the budget's default allows one
+    sc, raw = _cycle_world(tmp_path, data)
     with isolated(sc) as provider:
         setup_world(sc, provider)
         run_cycle("replay", planner=make_planner(sc, raw))

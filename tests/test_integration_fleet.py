@@ -92,7 +92,8 @@ def test_agent_launches_workers_drains_queue_and_retires_them(celery_worker):
     # agent retire idle workers without an approval (launches with no live worker are P0: auto).
     state = SessionState.get()
     state.target_proofs_hr = 100_000
-    state.overrides = {"policy": {"stop_instance": "auto", "launch_instance": "auto"}}
+    # the scale-down budget is opened to every worker: this test waits for the whole idle fleet to retire
+    state.overrides = {"policy": {"stop_instance": "auto", "launch_instance": "auto"}, "limits": {"retire_budget_pct": 100}}
     state.save()
 
     ids = demo.enqueue(20)

@@ -25,6 +25,11 @@ LAUNCH = {"tool": "launch_instance", "args": {"gpu_name": "RTX 4090", "launch_pr
 
 
 def _auto(**policy):
+    """P0 launches auto, and three tasks waiting in the demo queue with no worker live: the launch is
+    a P0 within the need (money moves only on facts), so it runs by itself."""
+    from fleet import demo
+
+    demo.enqueue(3)
     state = SessionState.get()
     state.overrides = {"policy": {"launch_instance:P0": "auto", **policy}}
     state.save()

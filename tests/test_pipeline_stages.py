@@ -12,7 +12,7 @@ import pytest
 from agent.models import Approval, Run, SessionState, SideEffect
 from fleet.clock import clock
 from fleet.models import Diagnosis
-from tests.rails_support import BUSY_DEMAND, calls, extra_tool, rails_world, verdict
+from tests.rails_support import BUSY_DEMAND, calls, extra_tool, fleet_entry, rails_world, verdict
 
 pytestmark = pytest.mark.django_db
 
@@ -55,7 +55,9 @@ def test_forbidden_tool_halts_and_never_reaches_the_provider():
 def test_near_miss_forbidden_priority_does_not_forbid_another_priority():
     policy = {"launch_instance:P2": "forbidden", "launch_instance:P0": "auto"}
     offers = [{"id": "o-1", "gpu_name": "RTX 4090", "dph": 0.4}]
-    with rails_world(demand=BUSY_DEMAND, offers=offers, policy=policy) as w:
+    # the only worker is dead with work queued: P0 is the fact, so the P0 key decides (money moves only on facts)
+    dead = dict(BUSY_DEMAND, workers_live=0, running=0)
+    with rails_world([fleet_entry(live=False)], demand=dead, offers=offers, policy=policy) as w:
         run = w.cycle([{"tool": "launch_instance", "args": {"gpu_name": "RTX 4090", "launch_priority": "P0", "reason": "queue"}},
                        verdict(True, True)])
         assert w.provider_calls("launch_instance") == 1

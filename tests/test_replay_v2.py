@@ -125,7 +125,10 @@ def test_naming_tool_in_policy_replaces_its_priority_defaults(tmp_path):
     data = _data("v2-timeline-demand-returns")
     data["policy"] = {"launch_instance": "approval"}
     data["timeline"][0]["demand"]["workers_live"] = 0  # a P0 launch (no worker live)
-    data["expect"] = {"parked": [{"tool": "launch_instance", "args": {"launch_priority": "P0"}}], "executed": []}
+    data["timeline"][0]["fleet"] = [{"id": "v-101", "worker": {"live": False, "unschedulable": False, "owned_tasks": 0}}]
+    # the dead worker is not capacity: the sizing's two workers are two P0 launches, both parked
+    data["expect"] = {"parked": [{"tool": "launch_instance", "args": {"launch_priority": "P0"}}] * 2,
+                      "never_executed": ["launch_instance"]}
     _ok(_replay(tmp_path, data))
 
 
@@ -143,6 +146,7 @@ def test_a_timeline_decision_fitting_several_different_calls_must_say_which(tmp_
     data["steps"] = [{"parallel": [{"tool": "stop_instance", "args": {"instance_id": "v-101", "reason": "idle"}},
                                    {"tool": "stop_instance", "args": {"instance_id": "v-102", "reason": "idle"}}]}]
     data["timeline"][0]["operator"]["decisions"][0].pop("args")
+    data["objectives"]["retire_budget_pct"] = 100  # two stops of two workers wait: the budget's default allows one
     data.pop("expect")
     with pytest.raises(ScenarioFileError, match="2 stop_instance calls with different arguments wait; add args keys"):
         _replay(tmp_path, data)

@@ -33,7 +33,8 @@ def traces(alice):
         resume_run(parked, planner=_script([STOP, verdict(True, True)]))
         invented = w.cycle([{"tool": "get_demand", "args": {}},
                             {"text": "Relaunched v-777; 41 proofs/hr now. <verdict>{\"action\": false, \"state_changed\": false}</verdict>"}])
-    with rails_world(diagnosed=["v-1"], policy={"stop_instance": "auto"}) as w:
+    # the approved stop of v-1 above is in the scale-down window: the budget is opened for this one
+    with rails_world(diagnosed=["v-1"], policy={"stop_instance": "auto"}, limits={"retire_budget_pct": 100}) as w:
         auto = w.cycle([STOP, verdict(True, True)])
     for r in (forbidden, forged, parked, invented, auto):
         r.refresh_from_db()

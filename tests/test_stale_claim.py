@@ -182,6 +182,9 @@ class _Killed(BaseException):
 
 
 def test_a_call_whose_worker_died_mid_call_ends_stale_claim_in_its_run(cloud):
+    from fleet import demo
+
+    demo.enqueue(3)  # work waits and nothing is live: the P0 launch is within the need and runs by itself
     _policy(**{"launch_instance:P0": "auto"})
     gone = dead_worker()
 

@@ -24,25 +24,24 @@ Policy (autoscalers.md §1.7; seed 002):
 It proposes; the guards, policy and approvals still decide (nothing here bypasses them).
 """
 
-import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
-from django.conf import settings
-
+from agent.capacity import SIZING_SLACK, draining, per_worker_rate  # noqa: F401 (re-exported)
 from agent.guards import last_launch_at
-from agent.lifecycle import from_machine, is_terminal, recent_rejection, starving, worker_live
+from agent.lifecycle import from_machine, is_terminal, recent_rejection
 from agent.planners.base import Planner, Proposal, Turn
 from agent.policy import policy_for
 from fleet.clock import clock
-from fleet.models import PENDING_STATUSES
 
 
 @dataclass
 class Sizing:
     """The ``rules`` planner's sizing on one world: ``desired`` workers, the ``active`` instances
-    counted as capacity, the ``terminal`` ones to replace, stopped ones to ``resume`` and the number
-    of ``launches`` still missing, at ``priority``."""
+    counted as capacity (live or starting: :func:`agent.capacity.capacity`), the ``dead`` ones
+    (running, worker dead: not capacity), the ``terminal`` ones to replace, stopped ones to
+    ``resume`` and the number of ``launches`` still missing, at ``priority`` (the facts priority,
+    :func:`agent.capacity.facts_priority`). ``need`` is :func:`agent.capacity.need_for`'s."""
 
     desired: int
     active: list
@@ -50,69 +49,36 @@ class Sizing:
     resume: list
     launches: int
     priority: str
+    dead: list = field(default_factory=list)
 
     @property
     def need(self) -> int:
         return len(self.resume) + self.launches
 
 
-#: workers' worth of rate ignored before rounding up (measured proof times jitter by a few ms)
-SIZING_SLACK = 0.05
-
-
-def draining(inst, world) -> bool:
-    """Whether ``inst`` is cordoned (Warden's record, or Curio's ``unschedulable`` on its worker):
-    it finishes what it owns and takes no new work, so it is not capacity for sizing."""
-    if getattr(inst, "cordoned", False):
-        return True
-    w = world.worker_for(inst)
-    return bool(w is not None and w.unschedulable)
-
-
-def per_worker_rate(demand) -> float:
-    """Proofs/hr one worker delivers: from the measured seconds per proof (``proof_s``, SCENARIOS.md
-    Version 2) when known, else from the configured proof length (``WARDEN_PROOF_SECONDS``). Not
-    from the last hour's proofs over live workers: under light load that under-counts capacity."""
-    proof_s = getattr(demand, "proof_s", None)
-    if proof_s:
-        return max(1.0, 3600.0 / proof_s)
-    return 3600.0 / max(1.0, settings.WARDEN["PROOF_SECONDS"])
-
-
 def sizing(world) -> Sizing:
-    """Rule 1 on ``world``: with work queued (queued + backlog), keep
-    ``min(cap, work, max(1, ceil(target / per-worker rate)))`` instances. Capacity counts running
-    and pending instances (and any whose worker is live, whatever the provider says — except ``exited``: the
-    provider saw its process end, and a heartbeat still in its window is the last one) that are not terminal, not being destroyed (``destroy_unconfirmed`` is
-    neither capacity nor forgotten), not starving (SCENARIOS.md "starvation") and not cordoned
-    (draining). ``target / rate`` is rounded up after ignoring ``SIZING_SLACK`` of a worker. Also the
-    dispatch-time check of a parked launch or resume (``no_longer_needed``)."""
-    d, lim = world.demand, world.limits
+    """Rule 1 on ``world``, from the one count of capacity and need (:func:`agent.capacity.need_for`:
+    ``min(cap, work, max(1, ceil(target / per-worker rate)))`` workers minus those live or
+    starting). Stopped instances we stopped are resumed before anything is rented; terminal ones
+    (not owned hosts, not being destroyed) are listed for replacement. The pipeline counts
+    launches and resumes with the same function, not a copy."""
+    from agent.capacity import facts_priority, need_for
+
     terminal = [
         i for i in world.instances
         if i.killed_at is None and is_terminal(i, world)[0] and not i.is_owned_host and i.destroy_requested_at is None
     ]
-    active = [
-        i for i in world.instances
-        if i.killed_at is None and i not in terminal and i.destroy_requested_at is None
-        and (i.status == "running" or i.status in PENDING_STATUSES or (worker_live(i, world) and i.status != "exited"))
-        and not starving(i, world)
-        and not draining(i, world)
-    ]
-    work = (d.queued or 0) + (getattr(d, "backlog", 0) or 0) if d.state == "ok" else 0
-    if not work:
-        return Sizing(0, active, terminal, [], 0, "P1")
-    # the slack keeps a measured 20.006 s proof from asking for a third worker where 2.0006 are due
-    want = max(1, math.ceil((lim.target_proofs_hr or 0) / per_worker_rate(d) - SIZING_SLACK))
-    desired = min(lim.max_instances, work, want)
-    need = max(0, desired - len(active))
+    need = need_for(world)
+    cap = need.capacity
+    if not need.desired:
+        return Sizing(0, cap.instances, terminal, [], 0, "P1", cap.dead)
     stopped = [
         i for i in world.instances
         if i.killed_at is None and i not in terminal and not i.is_owned_host and i.destroy_requested_at is None
         and (i.status == "stopped" or (i.status == "exited" and i.intended_status == "stopped"))
     ]
-    resume = stopped[:need]
-    return Sizing(desired, active, terminal, resume, need - len(resume), "P0" if not d.workers_live else "P1")
+    resume = stopped[:need.workers]
+    return Sizing(need.desired, cap.instances, terminal, resume, need.workers - len(resume), facts_priority(world), cap.dead)
 
 
 def needs_diagnosis(inst, world) -> bool:
@@ -239,7 +205,6 @@ class RulesPlanner(Planner):
             diag = world.fresh_diagnosis(inst)
             if why.startswith("diagnosed failed (host)") and diag is not None:
                 calls.append(Proposal("remember", bad_machine_fact(inst, diag)))
-        active = size.active
         backlog = f" (+{d.backlog} in the backlog)" if d.backlog else ""
         # an instance we stopped earlier is resumed before anything new is rented
         for inst in size.resume:
@@ -253,7 +218,7 @@ class RulesPlanner(Planner):
                 "reason": f"{d.queued} queued{backlog}, {d.workers_live} live; want {size.desired} workers for {world.limits.target_proofs_hr:g} proofs/hr",
             }))
         # repair before replace: dead expected workers get diagnosed (again, after a network verdict)
-        for inst in active:
+        for inst in size.dead:
             w = world.worker_for(inst)
             if inst.status == "running" and w is not None and not w.live and not w.unschedulable and needs_diagnosis(inst, world):
                 calls.append(Proposal("diagnose_instance", {"instance_id": inst.external_id}))

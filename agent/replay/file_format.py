@@ -78,7 +78,7 @@ REASON_CODES: dict[str, bool] = {
     "launch_pending": False, "instance_cap": False, "budget_cap": False, "priority_required": False,
     "diagnosis_required": False, "in_flight": False, "duplicate": False, "target_gone": False,
     "rejected_recently": False, "no_longer_needed": False, "outcome_unknown": False, "stale_claim": False,
-    "already_running": False,
+    "already_running": False, "disruption_budget": False,
     "approval_required": False, "rejected": False, "expired": False,
 }
 #: the codes that halt a run

@@ -55,7 +55,8 @@ def build_report(runs, *, name: str = "", cycle_marks: list[tuple[int, int]] = (
     one entry with ``calls``; text turns are entries with outcome ``text``. Entries carry ``i``,
     ``cycle`` (from ``cycle_marks``: ``(last Step pk, cycle)`` pairs; 0 without them),
     ``actor``, ``tool``, ``args``, ``outcome``, ``reason``, ``detail``, and ``parked: true`` when
-    the call was ever parked for an operator. ``final_report`` is ``last``'s (default: the last
+    the call was ever parked for an operator; a launch or resume also ``priority: {proposed,
+    facts}`` (launches) and ``need: {workers, capacity}`` as the runtime scored it. ``final_report`` is ``last``'s (default: the last
     run's).
     """
     from agent.models import Approval, Step
@@ -96,6 +97,11 @@ def build_report(runs, *, name: str = "", cycle_marks: list[tuple[int, int]] = (
             "detail": s.detail or (approval.outcome_detail if approval is not None else "") or "",
             "_parked": approval is not None,
         }
+        facts = s.facts or {}
+        if facts.get("priority"):  # the runtime's facts a launch was scored on (agent.capacity)
+            call["priority"] = {"proposed": facts["priority"].get("proposed"), "facts": facts["priority"].get("facts")}
+        if facts.get("need"):
+            call["need"] = {"workers": facts["need"].get("workers"), "capacity": facts["need"].get("capacity")}
         if approval is not None and s.idempotency_key:
             by_key[key] = call
         if s.batch:

@@ -108,6 +108,12 @@ def approvals_page(request: HtmxHttpRequest) -> HttpResponse:
     return render(request, "console/approvals.html", ctx)
 
 
+def beyond_the_need(approval: Approval) -> bool:
+    """Whether ``approval`` parked a launch or resume beyond the need (``situation["need"]["within"]``
+    false, written at parking by ``agent.pipeline.park``): never decided by a bulk approval."""
+    return ((approval.situation or {}).get("need") or {}).get("within") is False
+
+
 #: the most approvals one bulk decision may name
 BULK_MAX = 100
 
@@ -117,7 +123,8 @@ def bulk_decide(request: HtmxHttpRequest) -> HttpResponse:
     """Approve or reject several waiting calls at once: ``ids`` (repeated, at most
     :data:`BULK_MAX`), ``decision`` (approve | reject), ``comment`` (required to reject; it goes
     to each). Each one is decided by ``do_decide`` on its own (exactly once: one already decided
-    or expired is reported and skipped, the others still go through), then each run concerned is
+    or expired is reported and skipped, the others still go through; a launch or resume parked
+    beyond the need is left out of a bulk approval and counted in the answer), then each run concerned is
     resumed once. Nothing selected, too many, or a rejection without a comment: 400, nothing
     decided. htmx gets the inbox region with a line per outcome; a browser a redirect (or the
     inbox with the error)."""
@@ -142,14 +149,20 @@ def bulk_decide(request: HtmxHttpRequest) -> HttpResponse:
         status = 400
     else:
         decision, comment = form.cleaned_data["decision"], form.cleaned_data["comment"]
-        decided = []
+        decided, left = [], []
         for approval in Approval.objects.filter(pk__in=ids).select_related("run").order_by("pk"):
+            if decision == "approve" and beyond_the_need(approval):
+                left.append(approval)  # a call beyond the need needs its own approval, on its own card
+                continue
             try:
                 decided.append(do_decide(approval, decision, actor_of(request), comment, user=request.user))
             except DecisionError as exc:
                 lines.append({"ok": False, "text": str(exc)})
         missing = sorted(set(ids) - {a.pk for a in decided} - {a.pk for a in Approval.objects.filter(pk__in=ids)})
         lines += [{"ok": False, "text": f"approval {pk} does not exist"} for pk in missing]
+        if left:
+            lines.append({"ok": False, "text": f"left out {len(left)} beyond the need (approve each on its own card): "
+                          + ", ".join(f"approval {a.pk} ({a.tool})" for a in left)})
         if decided:
             verb = decided[0].status
             lines.insert(0, {"ok": True, "text": f"{verb} {len(decided)}: "

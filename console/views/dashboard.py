@@ -97,6 +97,7 @@ def cards_context() -> dict:
         backlog_next_due=_next_due(ctx["demand"]),
         last_run=Run.objects.order_by("-number").only("number", "status", "started_at", "trigger").first(),
         model_today=model_spend_today(),
+        retire_budget=retire_budget_context(ctx["demand"]),
     )
     return ctx
 
@@ -111,6 +112,16 @@ def _next_due(sample):
         return datetime.fromisoformat(raw) if raw else None
     except (TypeError, ValueError):
         return None
+
+
+def retire_budget_context(sample):
+    """The scale-down budget's state for the dashboard ("2 of 2 retirements left in this window"),
+    from the records (``agent.capacity.recorded_world``), or None when demand was never read."""
+    from agent.capacity import retire_budget
+
+    if sample is None:
+        return None
+    return retire_budget(recorded_world(sample))
 
 
 def model_spend_today() -> dict:
@@ -413,3 +424,24 @@ def demo_kill(request: HtmxHttpRequest) -> HttpResponse:
     return _flash_response(
         request, True, f"sent SIGKILL to worker {inst.external_id} (pid {inst.pid})", topics=("fleet-changed",)
     )
+
+
+def recorded_world(sample=None):
+    """A world from the records alone, for pages that must not read the provider or the demand
+    source: the instances not killed and the newest ``DemandSample`` (``sample``), whose totals
+    stand in for per-worker views (``agent.capacity.capacity`` counts running instances live up to its
+    ``workers_live``). Returns an ``agent.observe.World``."""
+    from agent.observe import World
+    from agent.policy import effective_limits, effective_policy
+    from fleet.demand.base import DemandReading
+    from fleet.models import DemandSample, Instance
+
+    sample = sample if sample is not None else DemandSample.objects.order_by("-taken_at").first()
+    if sample is None:
+        reading = DemandReading.unknown("no demand sample yet")
+    else:
+        reading = DemandReading(state=sample.state, queued=sample.queued, running=sample.running,
+                                workers_expected=sample.workers_expected, workers_live=sample.workers_live,
+                                workers_dead=sample.workers_dead, backlog=sample.backlog, proof_s=sample.proof_s,
+                                idle_since=sample.idle_since, taken_at=sample.taken_at)
+    return World(list(Instance.objects.filter(killed_at__isnull=True)), reading, effective_limits(), effective_policy())
