@@ -71,15 +71,19 @@ def work_waiting(world) -> int:
 class Capacity:
     """The one count of capacity on a world: ``live`` and ``starting`` instances (lists of
     ``fleet.models.Instance``), and ``dead``: running instances whose worker is not live past the
-    grace (they are diagnosed, rebooted or replaced, never counted)."""
+    grace (they are diagnosed, rebooted or replaced, never counted); ``unmatched``: live workers
+    the demand source sees that match no instance of ours (Curio nodes with no ``CURIO_NODE_NAME``,
+    ``DemandReading.workers_unmatched_live``). They prove, so they are capacity and end the
+    emergency, but no action ever targets them."""
 
     live: list = field(default_factory=list)
     starting: list = field(default_factory=list)
     dead: list = field(default_factory=list)
+    unmatched: int = 0
 
     @property
     def count(self) -> int:
-        return len(self.live) + len(self.starting)
+        return len(self.live) + len(self.starting) + self.unmatched
 
     @property
     def instances(self) -> list:
@@ -130,11 +134,18 @@ def capacity(world) -> Capacity:
                 cap.starting.append(inst)
             else:
                 cap.dead.append(inst)
+    absorbed = 0
     if unviewed:
         extra = max(0, (d.workers_live or 0) - len(cap.live)) if d is not None else 0
         cap.live += unviewed[:extra]
+        absorbed = min(extra, len(unviewed))
         for inst in unviewed[extra:]:
             (cap.starting if _in_grace(inst, now, grace) else cap.dead).append(inst)
+    if d is not None and not blind(world):
+        # unnamed live workers first stand in for our instances the source has no row for (most
+        # likely the same nodes, unnamed); the rest prove for us all the same and are capacity
+        unmatched = max(0, int(getattr(d, "workers_unmatched_live", 0) or 0))
+        cap.unmatched = max(0, unmatched - absorbed)
     return cap
 
 
@@ -150,7 +161,7 @@ class Need:
 
     @property
     def live(self) -> int:
-        return len(self.capacity.live)
+        return len(self.capacity.live) + self.capacity.unmatched
 
     @property
     def starting(self) -> int:
@@ -207,7 +218,8 @@ def facts_priority(world) -> str:
     work waits and a worker is live, ``P3`` when no work waits. Never ``P2``."""
     if not work_waiting(world):
         return "P3"
-    return "P1" if capacity(world).live else "P0"
+    cap = capacity(world)
+    return "P1" if cap.live or cap.unmatched else "P0"
 
 
 def less_urgent(a: str | None, b: str | None) -> str | None:

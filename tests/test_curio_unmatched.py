@@ -164,3 +164,38 @@ def test_twin_with_no_node_alive_the_emergency_stands(curio):  # noqa: F811
     assert (w.demand.workers_live, w.demand.workers_unmatched_live, w.demand.workers_dead) == (0, 0, 1)
     launches = [p for p in RulesPlanner().first_turn(w).calls if p.tool == "launch_instance"]
     assert launches and launches[0].args["launch_priority"] == "P0"
+
+
+def test_unnamed_live_workers_beyond_our_instances_are_capacity_and_end_the_emergency(curio):  # noqa: F811
+    """Unnamed live nodes that no rowless instance of ours can be are still capacity: the need
+    counts them and a launch is P1 (work waits, a worker is live), not P0. No instance at all here."""
+    from agent.capacity import capacity, facts_priority, need_for
+    from agent.observe import read_and_record_demand
+    from agent.policy import effective_limits, effective_policy
+
+    for host in ("10.0.0.1:12300", "10.0.0.2:12300"):
+        curio.machine("", age_s=20, host=host)
+    for _ in range(6):
+        curio.task("PoRep")
+    w = World([], read_and_record_demand([]), effective_limits(), effective_policy())
+
+    assert w.demand.workers_unmatched_live == 2
+    cap = capacity(w)
+    assert (cap.unmatched, cap.count, cap.instances) == (2, 2, [])
+    assert facts_priority(w) == "P1"
+    assert need_for(w).live == 2
+
+
+def test_twin_with_the_unnamed_nodes_silent_they_are_no_capacity(curio):  # noqa: F811
+    from agent.capacity import capacity, facts_priority
+    from agent.observe import read_and_record_demand
+    from agent.policy import effective_limits, effective_policy
+
+    for host in ("10.0.0.1:12300", "10.0.0.2:12300"):
+        curio.machine("", age_s=900, host=host)
+    for _ in range(6):
+        curio.task("PoRep")
+    w = World([], read_and_record_demand([]), effective_limits(), effective_policy())
+
+    assert (capacity(w).unmatched, capacity(w).count) == (0, 0)
+    assert facts_priority(w) == "P0"
