@@ -1,0 +1,70 @@
+"""The console an operator can trust, in a real browser at desktop (1280 px) and phone (390 px)
+width: an idle page stays quiet, and what the pages say adds up.
+
+Real parts: daphne (``ChannelsLiveServerTestCase``) on the test databases, the Redis channel layer,
+Chromium (``/usr/bin/chromium``) driven by Playwright. Set ``WARDEN_SCREENSHOTS=<dir>`` to keep a
+PNG of the pages looked at.
+"""
+
+import os
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.utils import timezone
+
+from agent.models import MemoryFact
+from fleet.models import DemandSample, Instance
+from tests.browser_support import CHROMIUM, CHROMIUM_ARGS, FleetBrowserTestCase
+
+WIDTHS = {"desktop": 1280, "phone": 390}
+#: every page of the navigation (and an instance's), each left open while idle
+MAIN_PAGES = {"memory": "/memory/", "dashboard": "/", "fleet": "/fleet/", "runs": "/runs/", "approvals": "/approvals/", "alerts": "/alerts/",
+              "actions": "/actions/", "performance": "/performance/", "traces": "/traces/",
+              "settings": "/settings/", "notifications": "/notifications/", "instance": "/instances/local-1/",
+              "timeline": "/instances/local-1/timeline/"}
+#: requests an idle page may send in :data:`IDLE_S` seconds once it is live (a poll, a resync)
+IDLE_BUDGET = 4
+IDLE_S = 5
+
+
+def shoot(page, name: str) -> None:
+    if shots := os.environ.get("WARDEN_SCREENSHOTS"):
+        Path(shots).mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=f"{shots}/{name}.png", full_page=True)
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+@pytest.mark.integration
+@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs /usr/bin/chromium")
+class TestIdlePagesStayQuiet(FleetBrowserTestCase):
+    def setUp(self):
+        super().setUp()
+        now = timezone.now()
+        Instance.objects.create(provider="local", external_id="local-1", label="warden", worker_name="local-1",
+                                status="running", intended_status="running", pid=4001, status_since=now,
+                                created_at=now, gpu_name="local-cpu", dph=0.1)
+        DemandSample.objects.create(taken_at=now - timedelta(seconds=5), state="ok", queued=0, running=0,
+                                    workers_live=1, workers_expected=1, workers_dead=0, proofs_hr=0.0, active=False)
+        MemoryFact.objects.create(category="ops", key="k", value="a remembered fact", kind="fact", importance=0.5,
+                                  source="operator", created_at=now)
+
+    def test_no_page_sends_more_than_a_handful_of_requests_while_idle(self):
+        from playwright.sync_api import sync_playwright
+
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+            try:
+                page = self.log_in(browser, "/", [])
+                sent = []
+                page.on("request", lambda r: sent.append(r.url))
+                for name, path in MAIN_PAGES.items():
+                    page.goto(self.live_server_url + path)
+                    page.wait_for_selector('#live-pill[data-state="live"]', timeout=15_000)
+                    page.wait_for_timeout(1500)  # the resync on connect (sleep would hold back the events)
+                    sent.clear()
+                    page.wait_for_timeout(IDLE_S * 1000)
+                    assert len(sent) <= IDLE_BUDGET, (name, len(sent), sent[:10])
+            finally:
+                browser.close()
