@@ -39,7 +39,7 @@ from console.views.common import (
 from console.views.fleet import FLEET_ON_DASHBOARD, fleet_context
 from console.views.runs import runs_context
 from fleet.clock import clock
-from fleet.models import BILLABLE_STATUSES, DemandSample, Instance
+from fleet.models import BILLABLE_STATUSES, PENDING_STATUSES, DemandSample, Instance
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,21 @@ def cards_context() -> dict:
     # starting: inside the startup grace and not heartbeating yet, as the demand read counted them
     # (a worker that heartbeats is live whatever the grace: issue 9 §1.7)
     fleet["starting"] = ((ctx["demand"].detail or {}).get("workers_starting") or 0) if ctx["demand"] is not None else 0
+    # the denominator operators read: the instances we intend to be running (not being destroyed),
+    # whether or not their worker is up; the demand read's ``workers_expected`` (running ones past
+    # their grace) stays what the guards read and is shown in the card's title
+    intended = list(Instance.objects.filter(killed_at__isnull=True, intended_status="running",
+                                            destroy_requested_at__isnull=True).values_list("external_id", "status"))
+    fleet["intended"] = len(intended)
+    fleet["down"] = [(ext, status) for ext, status in intended if status != "running" and status not in PENDING_STATUSES]
+    if ctx["demand"] is not None and ctx["demand_state"] != "unknown":
+        d = ctx["demand"]
+        # an exited instance's worker is not live, whatever heartbeat the last read still saw
+        fleet["live_workers"] = min(d.workers_live or 0, len(intended) - len(fleet["down"])) \
+            if d.workers_live is not None else None
+        fleet["dead"] = max(d.workers_dead or 0, len(fleet["down"]),
+                            len(intended) - (d.workers_live or 0) - (d.workers_cordoned or 0) - fleet["starting"]
+                            - sum(1 for _, st in intended if st in PENDING_STATUSES))
     ok = ctx["demand_state"] == "ok"
     ctx.update(
         state=state,
