@@ -66,3 +66,36 @@ def test_right_after_the_kill_button_the_exited_instance_is_dead_not_live(client
     client.force_login(alice)
     html = client.get("/").content.decode()
     assert 'id="card-workers-value">1 / 2<' in html and 'id="card-dead">1 dead: local-2 exited<' in html
+
+
+def _chips(html: str) -> dict[str, int]:
+    import re
+
+    return {m[0]: int(m[1]) for m in re.findall(r'id="fleet-chip-([a-z]+)">[a-z]+ <span class="n">(\d+)</span>', html)}
+
+
+def test_destroyed_is_one_word_with_its_own_chip_and_the_chips_add_up(client, alice):
+    _instance("local-1", "running")
+    _instance("local-2", "exited", exit_code=-9)  # the kill button: the process died, the instance is listed
+    _instance("local-3", "error")
+    _instance("local-4", "exited", killed_at=timezone.now(), killed_by="monitor", kill_reason="terminal: exited")
+    client.force_login(alice)
+    hidden = client.get("/fleet/").content.decode()
+    assert "1 destroyed hidden" in hidden and "<th>destroyed</th>" in hidden and "killed hidden" not in hidden
+    chips = _chips(hidden)
+    assert chips["all"] == 3 and chips["exited"] == 1 and chips["error"] == 1 and "destroyed" not in chips
+    assert sum(v for k, v in chips.items() if k != "all") == chips["all"]
+    shown = client.get("/fleet/?killed=1").content.decode()
+    chips = _chips(shown)
+    assert chips["all"] == 4 and chips["destroyed"] == 1
+    assert sum(v for k, v in chips.items() if k != "all") == chips["all"]
+    assert '<span class="status status-destroyed">destroyed</span>' in shown
+    only = client.get("/fleet/?status=destroyed&killed=1").content.decode()
+    assert "local-4" in only and "local-1<" not in only and "local-2<" not in only
+
+
+def test_a_destroyed_instance_page_says_destroyed(client, alice):
+    _instance("local-4", "exited", killed_at=timezone.now(), killed_by="monitor", kill_reason="terminal: exited")
+    client.force_login(alice)
+    html = client.get("/instances/local-4/").content.decode()
+    assert '<span class="badge muted">destroyed</span>' in html and "<dt>destroyed</dt>" in html
