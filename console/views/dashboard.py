@@ -182,7 +182,7 @@ DASHBOARD_REGIONS = {
     "cards": ("console/partials/cards.html", cards_context),
     "chat": ("console/partials/chat_log.html", chat_context),
     "fleet": ("console/partials/fleet.html", lambda: fleet_context(False, per_page=FLEET_ON_DASHBOARD, compact=True)),
-    "runs": ("console/partials/runs.html", lambda: runs_context(RUNS_ON_DASHBOARD)),
+    "runs": ("console/partials/runs.html", lambda: runs_context(RUNS_ON_DASHBOARD, hide_quiet=True)),
 }
 
 
@@ -199,7 +199,7 @@ def _dashboard_page(request, status: int = 200, **forms) -> HttpResponse:
     ctx.update(cards_context())
     ctx.update(chat_context())
     ctx.update(fleet_context(False, per_page=FLEET_ON_DASHBOARD, compact=True))
-    ctx.update(runs_context(RUNS_ON_DASHBOARD))
+    ctx.update(runs_context(RUNS_ON_DASHBOARD, hide_quiet=request.GET.get("quiet") != "1"))
     ctx.update(inline_approvals_context())
     return render(request, "console/dashboard.html", ctx, status=status)
 
@@ -228,12 +228,15 @@ def _flash_response(request, ok: bool, text: str, enqueue_form=None, status_on_e
 @never_cache
 def dashboard(request: HtmxHttpRequest) -> HttpResponse:
     """The dashboard; an htmx GET with ``?partial=cards|chat|fleet|runs|approvals|observe_only`` gets
-    that region only."""
+    that region only. Quiet runs (no-op heartbeats) are hidden with a count; ``?quiet=1`` shows them."""
     name = request.GET.get("partial", "")
     if _is_region(request) and name in DASHBOARD_REGIONS:
         template, build = DASHBOARD_REGIONS[name]
+        built = build()
+        if name == "runs" and request.GET.get("quiet") == "1":  # "show" quiet runs: the region keeps it
+            built = runs_context(RUNS_ON_DASHBOARD)
         # request_key: the fleet rows' action forms carry a one-time token (a replayed POST is a duplicate)
-        return render(request, template, _page_context(request, request_key=uuid.uuid4().hex, **build()))
+        return render(request, template, _page_context(request, request_key=uuid.uuid4().hex, **built))
     return _dashboard_page(request)
 
 
