@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
-from agent.models import MemoryFact
+from agent.models import Approval, MemoryFact
 from fleet.models import DemandSample, Instance
 from tests.browser_support import CHROMIUM, CHROMIUM_ARGS, FleetBrowserTestCase
 
@@ -68,3 +68,61 @@ class TestIdlePagesStayQuiet(FleetBrowserTestCase):
                     assert len(sent) <= IDLE_BUDGET, (name, len(sent), sent[:10])
             finally:
                 browser.close()
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+@pytest.mark.integration
+@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs /usr/bin/chromium")
+class TestApprovalKeys(FleetBrowserTestCase):
+    """On /approvals/: after j, r, a comment and Enter the cursor is on the next waiting card, so
+    a approves it; a on a decided card says why nothing happened."""
+
+    def setUp(self):
+        super().setUp()
+        from tests.test_browser_console_ux import park
+
+        self.approvals = park(3)
+
+    def test_after_a_decision_the_cursor_is_on_the_next_waiting_card(self):
+        from playwright.sync_api import sync_playwright
+
+        first, second, _ = self.approvals
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+            try:
+                page = self.log_in(browser, "/approvals/", [])
+                page.set_viewport_size({"width": 1280, "height": 900})
+                page.wait_for_selector('#live-pill[data-state="live"]', timeout=15_000)
+                page.keyboard.press("j")
+                assert page.get_attribute(f"#approval-{first.pk}", "aria-current") == "true"
+                page.keyboard.press("r")
+                page.keyboard.type("not now: the queue is filling")
+                page.keyboard.press("Enter")
+                page.wait_for_timeout(2000)
+                shoot(page, "approvals-after-enter")
+                page.wait_for_selector(f"#approval-{first.pk}.approval-rejected", timeout=15_000)
+                page.wait_for_selector(f"#approval-{second.pk}[aria-current=true]", timeout=15_000)
+                page.wait_for_timeout(1500)  # the live re-fetch that moves the decided card down
+                assert page.get_attribute(f"#approval-{second.pk}", "aria-current") == "true"
+                shoot(page, "approvals-keys-desktop")
+                page.keyboard.press("a")
+                page.wait_for_selector(f"#approval-{second.pk}.approval-approved", timeout=15_000)
+                # a on a decided card: said, not silent
+                page.set_viewport_size({"width": 390, "height": 844})
+                page.evaluate(f"document.getElementById('approval-{first.pk}').focus()")
+                page.keyboard.press("k")  # from wherever the cursor is, k moves towards the decided cards
+                for _ in range(4):
+                    cur = page.evaluate("(document.querySelector('.key-current') || {}).id")
+                    if cur == f"approval-{first.pk}":
+                        break
+                    page.keyboard.press("j")
+                assert page.evaluate("document.querySelector('.key-current').id") == f"approval-{first.pk}"
+                page.keyboard.press("a")
+                page.wait_for_selector("#key-note", timeout=5_000)
+                assert f"approval {first.pk} is rejected: nothing to approve" in page.inner_text("#key-note")
+                shoot(page, "approvals-keys-phone")
+            finally:
+                browser.close()
+        statuses = dict(Approval.objects.values_list("pk", "status"))
+        assert statuses[first.pk] == "rejected" and statuses[second.pk] == "approved"
