@@ -75,3 +75,14 @@ def done_sentence(approval) -> str:
     if tool in _VERBS and ident:
         return f"{_VERBS[tool][1]} {ident}"
     return ""
+
+
+@register.filter
+def plain_number(value) -> str:
+    """A number as the cards show it: ``540.0`` → ``540``, ``12.5`` stays; a string (what the
+    operator typed, sent back with an error) is kept as typed; None → ""."""
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.6f}".rstrip("0").rstrip(".")
+    return str(value)
