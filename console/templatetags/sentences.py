@@ -7,6 +7,10 @@ whose call executed: "launched local-3", from the step's observation (the tool's
 """
 
 import json
+import re
+
+from django.utils.html import escape
+from django.utils.safestring import mark_safe
 
 from django import template
 
@@ -86,3 +90,18 @@ def plain_number(value) -> str:
     if isinstance(value, float):
         return f"{value:.6f}".rstrip("0").rstrip(".")
     return str(value)
+
+
+_PATH = re.compile(r"/(?:instances/[A-Za-z0-9][A-Za-z0-9_.-]{0,99}|runs/\d{1,9})/")
+
+
+@register.filter(is_safe=True)
+def console_links(text) -> str:
+    """``text`` escaped, with each console path in it (``/instances/local-3/``, ``/runs/12/``) a link."""
+    out, last = [], 0
+    text = str(text or "")
+    for m in _PATH.finditer(text):
+        out += [escape(text[last:m.start()]), f'<a href="{escape(m.group(0))}">{escape(m.group(0))}</a>']
+        last = m.end()
+    out.append(escape(text[last:]))
+    return mark_safe("".join(out))
