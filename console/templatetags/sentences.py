@@ -9,10 +9,9 @@ whose call executed: "launched local-3", from the step's observation (the tool's
 import json
 import re
 
+from django import template
 from django.utils.html import escape
 from django.utils.safestring import mark_safe
-
-from django import template
 
 register = template.Library()
 
