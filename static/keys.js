@@ -173,6 +173,17 @@
     else delete document.documentElement.dataset.theme;
   }
   document.addEventListener("DOMContentLoaded", function () {
+    // the phone header's menu button: folds the navigation, the theme and the user line away
+    var menu = document.getElementById("nav-toggle");
+    if (menu) {
+      menu.hidden = false;
+      menu.addEventListener("click", function () {
+        var bar = menu.closest(".topbar");
+        var open = !bar.classList.contains("open");
+        bar.classList.toggle("open", open);
+        menu.setAttribute("aria-expanded", open ? "true" : "false");
+      });
+    }
     var toggle = document.getElementById("key-help-toggle");
     if (toggle) {
       toggle.hidden = false;

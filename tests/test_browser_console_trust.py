@@ -126,3 +126,47 @@ class TestApprovalKeys(FleetBrowserTestCase):
                 browser.close()
         statuses = dict(Approval.objects.values_list("pk", "status"))
         assert statuses[first.pk] == "rejected" and statuses[second.pk] == "approved"
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+@pytest.mark.integration
+@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs /usr/bin/chromium")
+class TestPhone(FleetBrowserTestCase):
+    """At 390 px the header folds behind "menu" and the fleet's actions are on screen; a long label
+    is shortened with the full value on hover."""
+
+    def setUp(self):
+        super().setUp()
+        now = timezone.now()
+        for i in range(1, 4):
+            Instance.objects.create(provider="local", external_id=f"local-{i}", label="a-forty-character-label-for-this-machine",
+                                    worker_name=f"local-{i}", status="running", intended_status="running", pid=4000 + i,
+                                    status_since=now, created_at=now, gpu_name="local-cpu", dph=0.1)
+
+    def test_the_header_folds_and_the_fleet_actions_are_reachable(self):
+        from playwright.sync_api import sync_playwright
+
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+            try:
+                page = self.log_in(browser, "/fleet/", [])
+                page.set_viewport_size({"width": 1280, "height": 900})
+                page.goto(self.live_server_url + "/fleet/")
+                assert page.is_visible("#nav-main") and not page.is_visible("#nav-toggle")
+                shoot(page, "fleet-desktop")
+                page.set_viewport_size({"width": 390, "height": 844})
+                page.goto(self.live_server_url + "/fleet/")
+                header = page.eval_on_selector("header.topbar", "e => e.getBoundingClientRect().height")
+                assert header < 80, header
+                assert not page.is_visible("#nav-main")
+                act = page.eval_on_selector("#fleet td.act summary, td.act summary", "e => e.getBoundingClientRect().right")
+                assert act <= 390, act
+                label = page.eval_on_selector(".label-short", "e => [e.title, e.getBoundingClientRect().height]")
+                assert label[0] == "a-forty-character-label-for-this-machine" and label[1] < 40, label
+                shoot(page, "fleet-phone")
+                page.click("#nav-toggle")
+                assert page.is_visible("#nav-main") and page.get_attribute("#nav-toggle", "aria-expanded") == "true"
+                shoot(page, "fleet-phone-menu")
+            finally:
+                browser.close()
