@@ -94,9 +94,11 @@ class TestApprovalKeys(FleetBrowserTestCase):
                 page = self.log_in(browser, "/approvals/", [])
                 page.set_viewport_size({"width": 1280, "height": 900})
                 page.wait_for_selector('#live-pill[data-state="live"]', timeout=15_000)
+                page.wait_for_timeout(1500)  # let the resync on connect redraw the cards first
                 page.keyboard.press("j")
                 assert page.get_attribute(f"#approval-{first.pk}", "aria-current") == "true"
                 page.keyboard.press("r")
+                page.wait_for_function("document.activeElement && document.activeElement.name === 'comment'")
                 page.keyboard.type("not now: the queue is filling")
                 page.keyboard.press("Enter")
                 page.wait_for_timeout(2000)
