@@ -15,6 +15,9 @@ class AgentConfig(AppConfig):
         post_save.connect(_approval_saved, sender=Approval, dispatch_uid="agent.notifications.approval")
         post_save.connect(_alert_saved, sender=Alert, dispatch_uid="agent.notifications.alert")
         happened.connect(on_event, dispatch_uid="agent.triggers")
+        from fleet.alerts import resolved
+
+        resolved.connect(_alert_resolved, dispatch_uid="agent.notifications.alert_resolved")
 
 
 def _approval_saved(sender, instance, created, **kwargs):
@@ -31,3 +34,10 @@ def _alert_saved(sender, instance, created, **kwargs):
         from agent.notifications import alert_raised
 
         alert_raised(instance)
+
+
+def _alert_resolved(sender, alert, **kwargs):
+    """An alert's episode ended: the operators its raise notified hear so (``agent.notifications``)."""
+    from agent.notifications import alert_resolved
+
+    alert_resolved(alert)

@@ -154,6 +154,70 @@ def instruction_line(message: str, *, model_failed: bool = False) -> str:
             "on the dashboard.")
 
 
+_RUN = re.compile(r"\brun\s*#?(\d{1,9})\b", re.I)
+
+
+def is_why(text: str) -> bool:
+    """Whether the message asks why ("why did you launch local-4?", "why run 12?")."""
+    words = (text or "").lower().translate(_PUNCT).split()
+    return bool(words) and words[0] == "why"
+
+
+def _acted_on(ident: str):
+    """The newest call step that acted on instance ``ident``: one naming it in its arguments, or a
+    launch whose answer names it. None when the trace has none."""
+    from django.db.models import Q
+
+    from agent.models import Step
+
+    return (Step.objects.filter(kind="call").filter(Q(args__instance_id=ident) | Q(tool="launch_instance",
+                                                                                  observation__contains=f'"{ident}"'))
+            .exclude(outcome__in=("", "proposed")).select_related("run").order_by("-created_at", "-id").first())
+
+
+def _step_story(s) -> str:
+    """One call in words from the trace: the run, the call, its reason, its outcome, who approved."""
+    from agent.models import Approval
+
+    line = (f"Run {s.run.number} ({s.run.trigger}, /runs/{s.run.number}/) called {_call(s)} at "
+            f"{s.created_at:%Y-%m-%d %H:%M:%S} UTC")
+    why = s.call_reason or (s.args or {}).get("reason") or ""
+    if why:
+        line += f" because: {why}"
+    line += f". Outcome: {s.outcome}" + (f" ({s.reason_code})" if s.reason_code else "") + "."
+    a = Approval.objects.filter(step=s).select_related("decided_by").first()
+    if a is not None:
+        if a.decided_by is not None and a.decided_at is not None:
+            line += (f" {a.decided_by.get_username()} {'rejected' if a.status == 'rejected' else 'approved'} it at "
+                     f"{a.decided_at:%H:%M:%S} UTC" + (f": \u201c{a.comment}\u201d" if a.comment else "") + ".")
+        else:
+            line += f" Its approval is {a.status}."
+    return line
+
+
+def why_lines(message: str) -> list[str]:
+    """The answer to a why-question from the trace: for each instance id or run number in
+    ``message``, the call that acted (run, call, reason, outcome, who approved it) and the
+    instance's page. Returns [] when the message names neither."""
+    from agent.models import Run
+
+    out = []
+    for ident in sorted(set(m.lower() for m in _ID.findall(message or ""))):
+        s = _acted_on(ident)
+        out.append(_step_story(s) + f" See /instances/{ident}/." if s is not None
+                   else f"I find no call in the trace that acted on {ident} (/instances/{ident}/).")
+    for number in sorted(set(int(n) for n in _RUN.findall(message or ""))):
+        run = Run.objects.filter(number=number).first()
+        if run is None:
+            out.append(f"There is no run {number}.")
+            continue
+        calls = list(run.steps.filter(kind="call").order_by("seq"))
+        out.append(f"Run {number} started by {run.trigger} at {run.started_at:%Y-%m-%d %H:%M:%S} UTC, "
+                   f"status {run.status}." + ("" if calls else " It made no call."))
+        out += [_step_story(c) for c in calls[:5]]
+    return out
+
+
 def state_answer(ctx) -> str:
     """The chat answer (without the verdict) for a ``chat`` run planned by ``rules``.
 
@@ -164,6 +228,10 @@ def state_answer(ctx) -> str:
     world = ctx.world
     failure = (getattr(ctx, "extra", None) or {}).get("model_failure")
     lines = [MODEL_FAILED.format(what=failure) if failure else NO_MODEL]
+    if is_why(ctx.message):
+        told = why_lines(ctx.message)
+        if told:  # a why-question about an instance or a run: the trace answers it, not a status dump
+            return "\n".join([lines[0], *told])
     if is_instruction(ctx.message):
         lines.append(instruction_line(ctx.message, model_failed=bool(failure)))
     lines.append(workers_line(world))

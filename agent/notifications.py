@@ -2,7 +2,8 @@
 
 What notifies (``KINDS``): a call parked for approval, an approval about to expire and one that
 expired unanswered (approvals expire after ``approval_expiry_min``, 30 by default), a P0/P1
-alert, and a P0/P1 escalation by the agent (``escalate_human``). Lower severities go to the
+alert (and its end, with when and why: :func:`alert_resolved`), and a P0/P1 escalation by the
+agent (``escalate_human``). Lower severities go to the
 Alerts page only (issue 10 §2): :func:`alert_routes` is the one routing rule.
 
 The flow is a transactional outbox: the event's transaction writes one :class:`Notification`
@@ -196,6 +197,20 @@ def alert_raised(alert, now=None) -> None:
     where = f" on {alert.instance.external_id}" if alert.instance_id else ""
     notify(kind, f"alert:{alert.pk}", f"[{alert.severity}] {alert.kind}{where}: {alert.message[:120]}",
            f"{alert.severity} {alert.kind}{where}\n{alert.message}", _url("/alerts/?state=firing"))
+
+
+def alert_resolved(alert, now=None) -> None:
+    """An alert whose episode ended (``fleet.alerts.resolved``): the operators its raise notified
+    (P0/P1, not silenced) hear that it ended, when and why, on the same kind's channels."""
+    if "notifications" not in alert_routes(alert.severity) or alert.is_silenced(now or clock.now()):
+        return
+    kind = "escalation" if alert.kind == "escalation" else "alert"
+    where = f" on {alert.instance.external_id}" if alert.instance_id else ""
+    at = f"{alert.resolved_at:%Y-%m-%d %H:%M:%S} UTC" if alert.resolved_at else "now"
+    notify(kind, f"alert_resolved:{alert.pk}",
+           f"[resolved] [{alert.severity}] {alert.kind}{where}: {alert.resolved_reason or 'the condition cleared'}",
+           f"Resolved at {at}: {alert.resolved_reason or 'the condition cleared'}.\n"
+           f"It was: {alert.severity} {alert.kind}{where}\n{alert.message}", _url("/alerts/?state=resolved"))
 
 
 def scan(now=None) -> int:

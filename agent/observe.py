@@ -229,7 +229,7 @@ def read_and_record_demand(instances) -> DemandReading:
     if reading.state != "ok":
         raise_alert("demand_unknown", f"demand is {reading.state}: {reading.error or 'no fresh read'}", severity="P1")
     else:
-        resolve("demand_unknown")
+        resolve("demand_unknown", f"demand readable again ({reading.queued} queued, {reading.workers_live} workers live)")
     if reading.workers_dead:
         raise_alert(
             "workers_dead",
@@ -238,7 +238,8 @@ def read_and_record_demand(instances) -> DemandReading:
             severity="P0" if not reading.workers_live else "P1",
         )
     elif reading.state == "ok" and reading.workers_dead == 0:  # unknown (None) resolves nothing
-        resolve("workers_dead")
+        resolve("workers_dead", f"no expected worker is dead any more ({reading.workers_live} of "
+                f"{reading.workers_expected} live)")
     emit("demand-changed")
     return reading
 
@@ -253,7 +254,7 @@ def observe(limits: Limits, policy: dict) -> World:
     provider_error = ""
     try:
         instances = with_retries(sync_instances, attempts=limits.retry_attempts)
-        resolve("provider_error")
+        resolve("provider_error", "the provider answers again")
     except ProviderError as exc:
         provider_error = f"{exc.code or exc.kind}: {exc}"
         raise_alert("provider_error", f"provider read failed: {provider_error}", severity="P1")
@@ -287,6 +288,13 @@ def lifecycle_alerts(world: World) -> None:
     - ``stuck_provisioning``: a launch starving the queue (``agent.lifecycle.starving``);
     - ``provider_error`` for an owned SSH host that cannot be reached, with a diagnosis (never removed);
     - waiting approvals whose instance is gone are void at once (``target_gone``).
+
+    Each episode ends on its condition (``fleet.alerts.ENDS``), resolved with the reason:
+    ``instance_exited`` when the instance runs with a live worker again or was stopped on purpose;
+    ``stuck_provisioning`` when it has a live worker, the queue is empty or served by another
+    worker, or it left the pending states; ``prompt_injection`` on an instance's field when the
+    text is gone from it; and every instance-scoped kind when its instance is destroyed
+    (:func:`end_gone_episodes`).
     """
     from django.conf import settings
 
@@ -296,8 +304,9 @@ def lifecycle_alerts(world: World) -> None:
     startup_grace = timedelta(seconds=settings.WARDEN["STARTUP_GRACE_S"])
     # one query for the episodes already open: an open alert is not raised again and only an open
     # one is resolved, so the loop below queries nothing per instance in a steady fleet
-    open_keys = set(Alert.objects.filter(kind__in=("instance_exited", "stuck_provisioning"))
+    open_keys = set(Alert.objects.filter(kind__in=INSTANCE_KINDS)
                     .exclude(state="resolved").values_list("key", flat=True))
+    end_gone_episodes(world, open_keys)
 
     for inst in world.instances:
         hits = scan_instance(inst)
@@ -308,9 +317,15 @@ def lifecycle_alerts(world: World) -> None:
             raise_instance_injection(inst.external_id, hits)
         key = f"instance_exited:{inst.external_id}"
         w = world.worker_for(inst)
+        for open_key in [k for k in open_keys if k.startswith(f"prompt_injection:instance:{inst.external_id}:")]:
+            field = open_key.rsplit(":", 1)[1]
+            if field not in {name for name, _ in hits}:
+                resolve(open_key, f"the instruction-like text is gone from {inst.external_id}'s {field}")
         if key in open_keys:
             if inst.status == "running" and worker_live(inst, world):
-                resolve(key)
+                resolve(key, f"{inst.external_id} runs with a live worker again")
+            elif inst.intended_status != "running" and inst.status not in ("exited", "error"):
+                resolve(key, f"{inst.external_id} was stopped on purpose (now {inst.status})")
         elif inst.destroy_requested_at is None and inst.intended_status == "running" and inst.status in ("exited", "error"):
             evidence = [f"provider status {inst.status} since {inst.status_since:%Y-%m-%d %H:%M} UTC"]
             if inst.exit_code is not None:
@@ -325,7 +340,15 @@ def lifecycle_alerts(world: World) -> None:
             raise_alert("instance_exited", f"{inst.external_id}'s worker {w.name} stopped heartbeating "
                         f"(last contact {w.last_contact:%Y-%m-%d %H:%M:%S} UTC) while the instance runs",
                         severity="P1", key=key, instance=inst)
-        if starving(inst, world) and f"stuck_provisioning:{inst.external_id}" not in open_keys:
+        stuck_key = f"stuck_provisioning:{inst.external_id}"
+        if stuck_key in open_keys and not blind(world) and not starving(inst, world):
+            d = world.demand
+            why = (f"{inst.external_id} has a live worker" if worker_live(inst, world)
+                   else "the queue is empty" if not (d.queued or getattr(d, "backlog", 0))
+                   else f"the queue is served ({d.workers_live} workers live)" if d.workers_live
+                   else f"{inst.external_id} is {inst.status or 'no longer pending'}")
+            resolve(stuck_key, why)
+        if starving(inst, world) and stuck_key not in open_keys:
             age = (clock.now() - inst.created_at).total_seconds() / 60
             raise_alert("stuck_provisioning", f"{inst.external_id} still {inst.status or 'provisioning'} after {age:.0f} min "
                         f"with {world.demand.queued} tasks queued and no live worker; it no longer blocks another launch",
@@ -334,6 +357,57 @@ def lifecycle_alerts(world: World) -> None:
 
     unreachable_alerts(world.instances, world.worker_for)  # owned hosts SSH cannot reach: alert + diagnosis
     void_gone_approvals()
+
+
+#: alert kinds whose key names an instance (``<kind>:<external_id>``, or for an owned host's
+#: ``provider_error:ssh:<id>`` and an instance field's ``prompt_injection:instance:<id>:<field>``)
+INSTANCE_KINDS = ("instance_exited", "stuck_provisioning", "destroy_unconfirmed", "provider_error", "prompt_injection")
+
+
+def _instance_of_key(key: str) -> str:
+    """The external id an instance-scoped alert key names, or "" (``demand_unknown``, a run's key)."""
+    parts = key.split(":")
+    if parts[0] in ("instance_exited", "stuck_provisioning", "destroy_unconfirmed") and len(parts) >= 2:
+        return ":".join(parts[1:])
+    if parts[:2] == ["provider_error", "ssh"] and len(parts) >= 3:
+        return ":".join(parts[2:])
+    if parts[:2] == ["prompt_injection", "instance"] and len(parts) >= 4:
+        return ":".join(parts[2:-1])
+    return ""
+
+
+def end_gone_episodes(world: World, open_keys: set[str]) -> int:
+    """Resolve the open episodes that can no longer go on: an instance-scoped alert whose instance
+    is destroyed (killed) — "local-1 destroyed at 18:04 UTC (by the monitor: terminal exited)" —
+    and a run's ``prompt_injection`` (``prompt_injection:<run>:<tool>``) once that run closed.
+    ``open_keys``: the open alert keys of :data:`INSTANCE_KINDS` (one query, by the caller); at
+    most two more queries, whatever the fleet's size. Returns how many keys were resolved."""
+    from agent.models import Run
+
+    live = {i.external_id for i in world.instances if i.killed_at is None}
+    by_id = {}
+    for k in open_keys:
+        ext = _instance_of_key(k)
+        if ext and ext not in live:
+            by_id.setdefault(ext, []).append(k)
+    n = 0
+    if by_id:
+        for inst in Instance.objects.filter(external_id__in=list(by_id), killed_at__isnull=False):
+            who = f" by {inst.killed_by}" if getattr(inst, "killed_by", "") else ""
+            why = f": {inst.kill_reason[:120]}" if getattr(inst, "kill_reason", "") else ""
+            for k in by_id[inst.external_id]:
+                n += bool(resolve(k, f"{inst.external_id} destroyed at {inst.killed_at:%H:%M} UTC{who}{why}"))
+    runs = {}
+    for k in open_keys:
+        parts = k.split(":")
+        if parts[0] == "prompt_injection" and len(parts) >= 3 and parts[1].isdigit():
+            runs.setdefault(int(parts[1]), []).append(k)
+    if runs:
+        for number, status in Run.objects.filter(number__in=list(runs)).exclude(status__in=("running", "parked")) \
+                .values_list("number", "status"):
+            for k in runs[number]:
+                n += bool(resolve(k, f"run {number} that read the text closed ({status})"))
+    return n
 
 
 def void_gone_approvals() -> int:

@@ -8,11 +8,12 @@ Sources, each read once (the query count does not grow with the history):
 - ``agent``: the agent's calls naming the instance (``args.instance_id``) with their outcome and
   reason code, refused and parked ones included — what it tried, not only what ran;
 - ``diagnosis``: each verdict with its class and cause;
+- ``decision``: an operator's approval or rejection of a parked call, at the time it was made;
 - ``alert``: raised, acknowledged (with the comment), silenced and resolved;
-- ``rate``: proofs per hour credited to the instance when they completed (``ProofCredit``, kept
-  after it stops or is destroyed), and its worker's failed attempts from Curio's
-  ``harmony_task_history`` while it lives. When Curio's database cannot be read, one ``rate``
-  event says so.
+- ``rate``: counts of proofs credited to the instance in each clock hour, when they completed
+  (``ProofCredit``, kept after it stops or is destroyed), and its worker's failed attempts from
+  Curio's ``harmony_task_history`` while it lives; labelled as counts ("3 proofs completed"), not
+  rates. When Curio's database cannot be read, one ``rate`` event says so.
 """
 
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from agent.models import AuditLog, Step
 from fleet.clock import clock
 from fleet.models import Alert, Diagnosis, Instance
 
-KINDS = ("launch", "diagnosis", "action", "agent", "alert", "rate")
+KINDS = ("launch", "diagnosis", "action", "agent", "decision", "alert", "rate")
 RATE_WINDOW = timedelta(hours=48)
 MAX_EVENTS = 300
 
@@ -56,15 +57,31 @@ def _audit(inst: Instance, limit: int) -> list[Event]:
 
 
 def _agent_calls(inst: Instance, limit: int) -> list[Event]:
+    """The agent's calls on ``inst``. A call that parked is three moments, each at its own time: it
+    parked (the step's time), an operator decided (the approval's ``decided_at``, with who and the
+    comment), and what became of it (stamped at the decision: it ran after it, not when parked)."""
     out = []
-    calls = (Step.objects.filter(kind="call", args__instance_id=inst.external_id).select_related("run")
-             .order_by("-created_at", "-id")[:limit])
+    calls = (Step.objects.filter(kind="call", args__instance_id=inst.external_id)
+             .select_related("run", "approval", "approval__decided_by").order_by("-created_at", "-id")[:limit])
     for s in calls:
         tone = {"executed": "ok", "approved_executed": "ok", "refused": "bad", "error": "bad", "halted": "bad",
                 "rejected": "bad", "parked": "warn", "expired": "warn"}.get(s.outcome, "")
         what = s.outcome + (f" ({s.reason_code})" if s.reason_code else "")
-        out.append(Event(s.created_at, "agent", f"{s.tool} {what} · run {s.run.number}", s.detail or s.call_reason,
-                         f"/runs/{s.run.number}/", tone))
+        link = f"/runs/{s.run.number}/"
+        a = getattr(s, "approval", None)
+        if a is None or a.decided_at is None:
+            out.append(Event(s.created_at, "agent", f"{s.tool} {what} · run {s.run.number}", s.detail or s.call_reason,
+                             link, tone))
+            continue
+        out.append(Event(s.created_at, "agent", f"{s.tool} parked for an operator · run {s.run.number}",
+                         s.call_reason or a.reason, link, "warn"))
+        who = a.decided_by.get_username() if a.decided_by else "nobody"
+        verb = {"rejected": "rejected", "expired": "let expire", "void": "voided"}.get(a.status, "approved")
+        out.append(Event(a.decided_at, "decision", f"{who} {verb} {s.tool}" if a.decided_by else f"{s.tool} {a.status}",
+                         a.comment, "/approvals/", "bad" if verb == "rejected" else "ok"))
+        if s.outcome != "parked":
+            out.append(Event(a.decided_at, "agent", f"{s.tool} {what} · run {s.run.number}", s.detail or a.outcome_detail,
+                             link, tone))
     return out
 
 
@@ -85,7 +102,8 @@ def _alerts(inst: Instance, limit: int) -> list[Event]:
             out.append(Event(a.raised_at, "alert", f"{a.kind} silenced until {a.silenced_until:%Y-%m-%d %H:%M} UTC "
                              f"by {a.silenced_by}", a.silence_comment, "/alerts/?state=all", "warn"))
         if a.resolved_at:
-            out.append(Event(a.resolved_at, "alert", f"{a.kind} resolved", "", "/alerts/?state=all", "ok"))
+            out.append(Event(a.resolved_at, "alert", f"{a.kind} resolved", getattr(a, "resolved_reason", ""),
+                             "/alerts/?state=all", "ok"))
     return out
 
 
@@ -129,8 +147,10 @@ def _rates(inst: Instance, now) -> list[Event]:
             hour = end.replace(minute=0, second=0, microsecond=0)
             good, bad = hours.get(hour, (0, 0))
             hours[hour] = (good, bad + 1)
+    # a count per clock hour, labelled as a count (a rate would need the hour to be whole)
     return events + [
-        Event(min(hour + timedelta(hours=1), now), "rate", f"{good} proofs/h" + (f", {bad} failed" if bad else ""),
+        Event(min(hour + timedelta(hours=1), now), "rate", f"{good} proof{'s' if good != 1 else ''} completed"
+              + (f", {bad} failed" if bad else ""),
               f"{hour:%H:%M}–{hour + timedelta(hours=1):%H:%M} UTC, worker {name}", "", "bad" if bad and not good else "")
         for hour, (good, bad) in sorted(hours.items())]
 
@@ -143,8 +163,8 @@ def instance_timeline(inst: Instance, kinds: tuple[str, ...] = KINDS, limit: int
     events: list[Event] = []
     if "launch" in kinds or "action" in kinds:
         events += [e for e in _audit(inst, limit) if e.kind in kinds]
-    if "agent" in kinds:
-        events += _agent_calls(inst, limit)
+    if "agent" in kinds or "decision" in kinds:
+        events += [e for e in _agent_calls(inst, limit) if e.kind in kinds]
     if "diagnosis" in kinds:
         events += _diagnoses(inst, limit)
     if "alert" in kinds:
@@ -154,7 +174,7 @@ def instance_timeline(inst: Instance, kinds: tuple[str, ...] = KINDS, limit: int
     if "launch" in kinds and not any(e.kind == "launch" for e in events):
         events.append(Event(inst.created_at, "launch", f"created at {inst.provider}", inst.gpu_name, "", "ok"))
     if inst.killed_at and "action" in kinds:
-        events.append(Event(inst.killed_at, "action", f"gone (killed by {inst.killed_by or 'unknown'})", inst.kill_reason,
+        events.append(Event(inst.killed_at, "action", f"destroyed by {inst.killed_by or 'unknown'}", inst.kill_reason,
                             "", "bad"))
     events.sort(key=lambda e: e.at, reverse=True)
     return events[:limit]

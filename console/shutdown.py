@@ -19,11 +19,19 @@ def shutdown_line() -> str:
     except Exception as exc:
         return (f"Warden console stopped. Demo workers, if any, keep running (listing them failed: "
                 f"{type(exc).__name__}); `make stop` ends them.")
+    return workers_line(ids)
+
+
+def workers_line(ids: list[str]) -> str:
+    """The exit line for the demo workers ``ids`` still running (at most five named), its verb
+    agreeing with the count ("1 … worker (local-4) keeps running", "2 … workers … keep running")."""
     if not ids:
         return "Warden console stopped. No local demo worker is running."
     shown = ", ".join(ids[:5]) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
-    return (f"Warden console stopped. {len(ids)} local demo worker{'s' if len(ids) != 1 else ''} ({shown}) keep "
-            "running, as a real fleet's machines would: `make stop` ends them.")
+    one = len(ids) == 1
+    return (f"Warden console stopped. {len(ids)} local demo worker{'' if one else 's'} ({shown}) "
+            f"keep{'s' if one else ''} running, as a real fleet's machines would: `make stop` ends "
+            f"{'it' if one else 'them'}.")
 
 
 def say_shutdown() -> None:

@@ -6,10 +6,31 @@ the condition clears. A silence (``agent.actions.do_silence_alert``) is on the k
 raised again while it lasts is created silenced.
 """
 
+from django.dispatch import Signal
+
 from fleet.clock import clock
 from fleet.events import emit, trigger
 from fleet.models import Alert
 from fleet.secrets import redact
+
+#: sent once per alert an episode's end resolved (``alert=``, the resolved row);
+#: ``agent.apps`` connects the notifications to it (fleet never imports agent)
+resolved = Signal()
+
+#: what ends each kind's episode: the condition :func:`resolve` is called on (shown on the Alerts
+#: page). The instance-scoped kinds also end when their instance is destroyed
+#: (``agent.observe.end_gone_episodes``).
+ENDS = {
+    "workers_dead": "every expected worker heartbeats again (or is no longer expected: destroyed or stopped)",
+    "demand_unknown": "the demand source is readable again",
+    "provider_error": "the provider (or the owned host) answers again",
+    "instance_exited": "the instance runs with a live worker again, or is stopped or destroyed",
+    "stuck_provisioning": "the launch has a live worker, the queue is served, or the instance is destroyed",
+    "destroy_unconfirmed": "the provider no longer lists the instance",
+    "prompt_injection": "the text is gone from the instance's fields, the instance is destroyed, or the run that read it closed",
+    "stale_claim": "a report: it ends when an operator acknowledges it",
+    "escalation": "a report: it ends when an operator acknowledges it",
+}
 
 
 def raise_alert(kind: str, message: str, *, severity: str = "P2", key: str | None = None, instance=None,
@@ -43,12 +64,21 @@ def raise_alert(kind: str, message: str, *, severity: str = "P2", key: str | Non
     return alert
 
 
-def resolve(key: str, *, prefix: bool = False) -> int:
-    """Resolve every open alert with ``key`` (``prefix``: every key starting with it); returns how
-    many were resolved."""
-    key = redact(key)[:200]
+def resolve(key: str, reason: str = "the condition cleared", *, prefix: bool = False) -> int:
+    """Resolve every open alert with ``key`` (``prefix``: every key starting with it), stamped with
+    the time and ``reason`` (a short sentence, redacted, at most 300 characters: "local-1
+    destroyed"); returns how many were resolved. Each resolved alert is announced on
+    :data:`resolved` after commit, so the operators its raise notified hear that it ended (the
+    notification rows are written in the current transaction, as a raise's are)."""
+    key, reason = redact(key)[:200], redact(reason)[:300]
     match = Alert.objects.filter(key__startswith=key) if prefix else Alert.objects.filter(key=key)
-    n = match.exclude(state="resolved").update(state="resolved", resolved_at=clock.now())
-    if n:
-        emit("alerts-changed")
-    return n
+    rows = list(match.exclude(state="resolved"))
+    if not rows:
+        return 0
+    now = clock.now()
+    Alert.objects.filter(pk__in=[a.pk for a in rows]).update(state="resolved", resolved_at=now, resolved_reason=reason)
+    for a in rows:
+        a.state, a.resolved_at, a.resolved_reason = "resolved", now, reason
+        resolved.send_robust(sender=Alert, alert=a)  # in this transaction, like a raise's post_save
+    emit("alerts-changed")
+    return len(rows)

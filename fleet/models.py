@@ -181,6 +181,8 @@ class Alert(models.Model):
     raised_at = models.DateTimeField()
     resolved_at = models.DateTimeField(null=True, blank=True)
     count = models.PositiveIntegerField(default=1)
+    # why the episode ended, in words ("local-1 destroyed", "demand readable again"): ``fleet.alerts.resolve``
+    resolved_reason = models.CharField(max_length=300, blank=True)
     acknowledged_by = models.CharField(max_length=150, blank=True)
     ack_comment = models.TextField(blank=True)
     # a silence: until then the alert neither notifies nor shows as firing (``agent.actions.do_silence_alert``)

@@ -2,18 +2,44 @@
 //
 // Keys, ignored while typing in a field or with Ctrl/Alt/Meta:
 //   j / k   next / previous item of the page's lists: approval cards first, then table rows
-//   a       approve the current approval card
+//   a       approve the current approval card (on a decided one: says why nothing happened)
 //   r       reject the current approval card: focuses its comment box (Enter sends; a comment is required)
 //   Enter   open the current row's first link
 //   /       focus the page's search box
 //   ?       show or hide this list;  Esc leaves a field or closes the list
-// The current item survives a live re-fetch of its region (kept by id, else by position).
+// The current item survives a live re-fetch of its region (kept by id, else by position); once the
+// current approval card is decided the cursor moves to the next waiting card.
 //
 // Theme: system (follows the OS), light or dark, remembered per browser in localStorage
 // ("warden-theme"); the <head> sets it before the first paint, the header's select changes it.
 (function () {
   var ITEMS = "article.approval, [data-key-item], main table.grid tbody tr";
   var currentId = null, currentIndex = -1;
+  // the current item was a waiting approval card, and its place among the waiting ones: after it is
+  // decided (its card redrawn as decided, then moved to "Recently decided") the cursor goes to the
+  // next waiting card instead of following it
+  var wasWaiting = false, waitingIndex = -1;
+  function waitingCards() {
+    return Array.prototype.filter.call(document.querySelectorAll("article.approval.approval-waiting"), function (el) {
+      return el.offsetParent !== null;
+    });
+  }
+  // a one-line answer to a key that did nothing ("approval 3 is rejected: nothing to approve")
+  function say(text) {
+    var box = document.getElementById("key-note");
+    if (!box) {
+      box = document.createElement("p");
+      box.id = "key-note";
+      box.className = "key-note";
+      box.setAttribute("role", "status");
+      box.dataset.ttl = "6";
+      var main = document.querySelector("main");
+      if (!main) return;
+      main.insertBefore(box, main.firstChild);
+    }
+    box.textContent = text;
+    box.dataset.shown = String(Date.now());
+  }
 
   function items() {
     var all = Array.prototype.filter.call(document.querySelectorAll(ITEMS), function (el) {
@@ -38,6 +64,8 @@
     el.scrollIntoView({block: "nearest"});
     currentId = keyOf(el);
     currentIndex = i;
+    wasWaiting = el.matches("article.approval.approval-waiting");
+    waitingIndex = wasWaiting ? waitingCards().indexOf(el) : -1;
     return el;
   }
   function current() {
@@ -80,7 +108,15 @@
       case "a":
         el = currentEl();
         var approve = el && el.querySelector("button.approve:not([disabled])");
-        if (!approve) return;
+        if (!approve) {
+          if (el && el.matches("article.approval")) {
+            var st = el.querySelector("header .status");
+            say("approval " + el.dataset.approval + " is " + (st ? st.textContent.trim() : "decided") +
+                ": nothing to approve (j / k to a waiting card)");
+            break;
+          }
+          return;
+        }
         approve.click();
         break;
       case "r":
@@ -110,6 +146,17 @@
   // a live re-fetch replaces the elements: mark the current item again
   document.addEventListener("htmx:afterSettle", function () {
     if (currentIndex < 0) return;
+    var now = currentId && document.getElementById(currentId);
+    if (wasWaiting && (!now || !now.matches("article.approval.approval-waiting"))) {
+      // the current card was just decided (or went away): on to the next waiting card, if any
+      var cards = waitingCards();
+      if (cards.length) {
+        var list = items();
+        mark(list, list.indexOf(cards[Math.max(0, Math.min(waitingIndex, cards.length - 1))]));
+        return;
+      }
+      wasWaiting = false;
+    }
     var c = current();
     if (c.i >= 0) {
       var el = c.list[c.i];
@@ -126,6 +173,17 @@
     else delete document.documentElement.dataset.theme;
   }
   document.addEventListener("DOMContentLoaded", function () {
+    // the phone header's menu button: folds the navigation, the theme and the user line away
+    var menu = document.getElementById("nav-toggle");
+    if (menu) {
+      menu.hidden = false;
+      menu.addEventListener("click", function () {
+        var bar = menu.closest(".topbar");
+        var open = !bar.classList.contains("open");
+        bar.classList.toggle("open", open);
+        menu.setAttribute("aria-expanded", open ? "true" : "false");
+      });
+    }
     var toggle = document.getElementById("key-help-toggle");
     if (toggle) {
       toggle.hidden = false;

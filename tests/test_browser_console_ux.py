@@ -146,7 +146,8 @@ class TestConsoleUxInABrowser(FleetBrowserTestCase):
                 page = self.log_in(browser, "/approvals/", [])
                 page.set_viewport_size({"width": 390, "height": 900})
                 card = f"#approval-{first.pk}"
-                assert '"instance_id": "local-1"' in page.inner_text(f"{card} pre.args")  # JSON, not a repr
+                assert '"instance_id": "local-1"' in page.text_content(f"{card} pre.args")  # JSON behind a disclosure
+                assert page.inner_text(f"{card} .call-sentence") == "Stop local-1"
                 page.wait_for_selector('#live-pill[data-state="live"]', timeout=15_000)
                 page.click(f"{card} .reject-form button")
                 page.wait_for_selector(f"{card} .error", timeout=15_000)

@@ -34,7 +34,7 @@ class TestPerformanceTabInABrowser(FleetBrowserTestCase):
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
             try:
-                page = self.log_in(browser, "/performance/", [])
+                page = self.log_in(browser, "/performance/?hours=24", [])
                 errors: list[str] = []
                 page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
                 outside: list[str] = []

@@ -113,7 +113,7 @@ def test_it_keeps_the_query_count_constant_in_fleet_size(client, alice):
     Instance.objects.filter(external_id__in=["w1", "w2"]).update(killed_at=timezone.now(), killed_by="agent")
     with CaptureQueriesContext(connection) as many:
         html = client.get("/").content.decode()
-    assert "2 killed hidden" in html
+    assert "2 destroyed hidden" in html
     assert len(many) == len(few), [q["sql"] for q in many.captured_queries]
 
 @pytest.mark.django_db(transaction=True, databases=["default", "harmony"])
@@ -222,7 +222,7 @@ def test_it_offers_the_demo_controls_only_for_the_demo_queue(client, alice, sett
 
     settings.WARDEN = {**settings.WARDEN, "DEMAND_SOURCE": "curio"}
     html = client.get("/").content.decode()
-    assert "Add tasks" not in html and "Kill one worker" not in html
+    assert "Add tasks" not in html and "Crash one worker" not in html
     assert "Trigger observe cycle now" in html
 def test_workers_heartbeating_inside_the_grace_are_not_starting(client, alice, settings):
     settings.WARDEN = {**settings.WARDEN, "STARTUP_GRACE_S": 60}

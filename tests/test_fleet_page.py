@@ -1,4 +1,4 @@
-"""The fleet table: killed instances hidden by default with "N killed hidden, show"; constant queries."""
+"""The fleet table: destroyed instances hidden by default with "N destroyed hidden, show"; constant queries."""
 
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -22,7 +22,7 @@ def test_it_hides_killed_instances_by_default(client, alice):
     html = client.get("/fleet/").content.decode()
     assert "alpha" in html and "RTX 4090" in html and "w-alpha" in html
     assert "beta" not in html
-    assert "1 killed hidden" in html and 'href="/fleet/?killed=1">show<' in html
+    assert "1 destroyed hidden" in html and 'href="/fleet/?killed=1">show<' in html
 
 
 def test_it_shows_killed_instances_with_who_and_why(client, alice):

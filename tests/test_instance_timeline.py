@@ -45,10 +45,10 @@ def test_the_timeline_shows_every_kind_newest_first(client, alice):
         html = client.get("/instances/v-1/timeline/", headers=HX).content.decode()
     for text in ("launch instance by agent", "diagnosis: healthy", f"stop_instance parked (approval_required) · run {run.number}",
                  "P1 instance_exited raised", "instance_exited acknowledged by user:alice", "looking at the log",
-                 "3 proofs/h, 1 failed", "diagnose_instance executed"):
+                 "3 proofs completed, 1 failed", "diagnose_instance executed"):
         assert text in html, text
     assert "v-2" not in html.replace("v-1", "")  # nothing of the other instance
-    order = [html.index(t) for t in ("instance_exited acknowledged", "stop_instance parked", "3 proofs/h")]
+    order = [html.index(t) for t in ("instance_exited acknowledged", "stop_instance parked", "3 proofs completed")]
     assert order == sorted(order)  # newest first: the ack, the run, the proofs of two hours ago
 
 
@@ -58,9 +58,9 @@ def test_kind_filters_and_own_page(client, alice):
         _proofs("v-1", ok=2, failed=0, hours_ago=1)
         client.force_login(alice)
         only_rates = client.get("/instances/v-1/timeline/?kind=rate", headers=HX).content.decode()
-        assert "2 proofs/h" in only_rates and "stop_instance" not in only_rates and "diagnosis:" not in only_rates
+        assert "2 proofs completed" in only_rates and "stop_instance" not in only_rates and "diagnosis:" not in only_rates
         full = client.get("/instances/v-1/timeline/").content.decode()
-        assert "<h1>Timeline of v-1</h1>" in full and "2 proofs/h" in full
+        assert "<h1>Timeline of v-1</h1>" in full and "2 proofs completed" in full
         assert client.get("/instances/nope/timeline/").status_code == 404
 
 

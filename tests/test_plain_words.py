@@ -58,7 +58,7 @@ def test_a_destroyed_instance_does_not_ask_for_a_diagnosis(client, alice):
     client.force_login(alice)
     gone = client.get("/instances/local-7/").content.decode()
     assert "Never diagnosed." in gone and "428" not in gone
-    assert "need a fresh diagnosis (HTTP 428)" in client.get("/instances/local-8/").content.decode()
+    assert "Diagnose first: stop and destroy need a diagnosis" in client.get("/instances/local-8/").content.decode()
 
 
 def test_turns_count_from_one_and_arguments_are_json(client, alice):

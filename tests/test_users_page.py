@@ -29,7 +29,7 @@ def test_it_lists_users_with_their_role_and_links_from_the_nav(client, root, ali
     assert 'title="signed in as root; role superuser">root<' in html and ">superuser</span>" in html
     assert 'hx-trigger="users-changed from:body' in html
     region = client.get("/users/", headers={"HX-Request": "true"}).content.decode()
-    assert region.lstrip().startswith('<table class="table" id="users">') and 'data-user="bob"' in region
+    assert region.lstrip().startswith('<div class="table-wrap"><table class="grid users" id="users">') and 'data-user="bob"' in region
 
 
 def test_a_superuser_adds_a_viewer_who_can_sign_in(client, root):

@@ -46,7 +46,7 @@ def test_a_malformed_verdict_is_recorded_as_unknown(client, alice, block):
     assert run.final_answer.startswith("Nothing to do.")
     client.force_login(alice)
     html = page(client, run)
-    assert "action unknown · state changed unknown" in html
+    assert "model gave no verdict" in html
     assert "Nothing to do." in html and "verdict&gt;" not in html and "<verdict>" not in html
 
 
@@ -54,7 +54,7 @@ def test_a_missing_verdict_is_recorded_as_unknown(client, alice):
     run = cycle([{"text": "I looked at the fleet."}])  # the planner ends without any verdict
     assert run.verdict_action is None and run.verdict_state_changed is None and run.included_in_prompt
     client.force_login(alice)
-    assert "action unknown · state changed unknown" in page(client, run)
+    assert "model gave no verdict" in page(client, run)
 
 
 def test_a_well_formed_verdict_is_not_taken_for_a_malformed_one():

@@ -25,7 +25,33 @@ def audit_context(actor: str = "", verb: str = "", target: str = "", limit: int 
         qs = qs.filter(verb__startswith=verb)
     if target:
         qs = qs.filter(target__icontains=target)
-    return {"rows": list(qs[:limit]), "f_actor": actor, "f_verb": verb, "f_target": target, "limit": limit}
+    rows = list(qs[:limit])
+    for r in rows:
+        r.changes = changed_fields(r.before, r.after)
+    return {"rows": rows, "f_actor": actor, "f_verb": verb, "f_target": target, "limit": limit}
+
+
+def _short(value) -> str:
+    import json
+
+    text = value if isinstance(value, str) else json.dumps(value, default=str, sort_keys=True)
+    return text if len(text) <= 120 else text[:119] + "…"
+
+
+def changed_fields(before, after) -> list[tuple[str, str, str]]:
+    """The fields an audit row changed: ``[(field, before, after)]`` (values shortened to 120
+    characters; "–" for absent), sorted by field. Two dicts compare key by key and keep only the
+    keys whose value differs; anything else is one ``("", before, after)`` entry (or none when
+    both are None)."""
+    if isinstance(before, dict) and isinstance(after, dict):
+        keys = sorted(set(before) | set(after))
+        return [(k, _short(before[k]) if k in before else "–", _short(after[k]) if k in after else "–")
+                for k in keys if before.get(k, object()) != after.get(k, object())]
+    if before is None and after is None:
+        return []
+    if isinstance(after, dict) and before is None:
+        return [(k, "–", _short(v)) for k, v in sorted(after.items())]
+    return [("", "–" if before is None else _short(before), "–" if after is None else _short(after))]
 
 
 @login_required

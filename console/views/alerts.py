@@ -21,6 +21,7 @@ from console.forms import (
     SilenceForm,
 )
 from console.views.common import HtmxHttpRequest, _is_region, _page_context, actor_of, operator_required
+from fleet.alerts import ENDS
 from fleet.clock import clock
 from fleet.models import Alert
 
@@ -61,6 +62,7 @@ def alerts_context(state: str, severity: str = "") -> dict:
     alerts = list(qs[:ALERTS_ON_PAGE])
     for al in alerts:
         al.silenced_now = al.is_silenced(now)
+        al.ends = ENDS.get(al.kind, "")
     return {
         "alerts": alerts,
         "state": state,

@@ -39,7 +39,7 @@ from console.views.common import (
 from console.views.fleet import FLEET_ON_DASHBOARD, fleet_context
 from console.views.runs import runs_context
 from fleet.clock import clock
-from fleet.models import BILLABLE_STATUSES, DemandSample, Instance
+from fleet.models import BILLABLE_STATUSES, PENDING_STATUSES, DemandSample, Instance
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +85,21 @@ def cards_context() -> dict:
     # starting: inside the startup grace and not heartbeating yet, as the demand read counted them
     # (a worker that heartbeats is live whatever the grace: issue 9 §1.7)
     fleet["starting"] = ((ctx["demand"].detail or {}).get("workers_starting") or 0) if ctx["demand"] is not None else 0
+    # the denominator operators read: the instances we intend to be running (not being destroyed),
+    # whether or not their worker is up; the demand read's ``workers_expected`` (running ones past
+    # their grace) stays what the guards read and is shown in the card's title
+    intended = list(Instance.objects.filter(killed_at__isnull=True, intended_status="running",
+                                            destroy_requested_at__isnull=True).values_list("external_id", "status"))
+    fleet["intended"] = len(intended)
+    fleet["down"] = [(ext, status) for ext, status in intended if status != "running" and status not in PENDING_STATUSES]
+    if ctx["demand"] is not None and ctx["demand_state"] != "unknown":
+        d = ctx["demand"]
+        # an exited instance's worker is not live, whatever heartbeat the last read still saw
+        fleet["live_workers"] = min(d.workers_live or 0, len(intended) - len(fleet["down"])) \
+            if d.workers_live is not None else None
+        fleet["dead"] = max(d.workers_dead or 0, len(fleet["down"]),
+                            len(intended) - (d.workers_live or 0) - (d.workers_cordoned or 0) - fleet["starting"]
+                            - sum(1 for _, st in intended if st in PENDING_STATUSES))
     ok = ctx["demand_state"] == "ok"
     ctx.update(
         state=state,
@@ -200,7 +215,7 @@ DASHBOARD_REGIONS = {
     "cards": ("console/partials/cards.html", cards_context),
     "chat": ("console/partials/chat_log.html", chat_context),
     "fleet": ("console/partials/fleet.html", lambda: fleet_context(False, per_page=FLEET_ON_DASHBOARD, compact=True)),
-    "runs": ("console/partials/runs.html", lambda: runs_context(RUNS_ON_DASHBOARD)),
+    "runs": ("console/partials/runs.html", lambda: runs_context(RUNS_ON_DASHBOARD, hide_quiet=True)),
 }
 
 
@@ -217,7 +232,7 @@ def _dashboard_page(request, status: int = 200, **forms) -> HttpResponse:
     ctx.update(cards_context())
     ctx.update(chat_context())
     ctx.update(fleet_context(False, per_page=FLEET_ON_DASHBOARD, compact=True))
-    ctx.update(runs_context(RUNS_ON_DASHBOARD))
+    ctx.update(runs_context(RUNS_ON_DASHBOARD, hide_quiet=request.GET.get("quiet") != "1"))
     ctx.update(inline_approvals_context())
     return render(request, "console/dashboard.html", ctx, status=status)
 
@@ -246,12 +261,15 @@ def _flash_response(request, ok: bool, text: str, enqueue_form=None, status_on_e
 @never_cache
 def dashboard(request: HtmxHttpRequest) -> HttpResponse:
     """The dashboard; an htmx GET with ``?partial=cards|chat|fleet|runs|approvals|observe_only`` gets
-    that region only."""
+    that region only. Quiet runs (no-op heartbeats) are hidden with a count; ``?quiet=1`` shows them."""
     name = request.GET.get("partial", "")
     if _is_region(request) and name in DASHBOARD_REGIONS:
         template, build = DASHBOARD_REGIONS[name]
+        built = build()
+        if name == "runs" and request.GET.get("quiet") == "1":  # "show" quiet runs: the region keeps it
+            built = runs_context(RUNS_ON_DASHBOARD)
         # request_key: the fleet rows' action forms carry a one-time token (a replayed POST is a duplicate)
-        return render(request, template, _page_context(request, request_key=uuid.uuid4().hex, **build()))
+        return render(request, template, _page_context(request, request_key=uuid.uuid4().hex, **built))
     return _dashboard_page(request)
 
 

@@ -60,9 +60,13 @@ def _instance(external_id: str) -> Instance:
 
 
 def instance_context(inst: Instance) -> dict:
-    """One instance: its diagnoses, its events (audit rows targeting it) and its alerts."""
+    """One instance: its diagnoses, its events (audit rows targeting it) and its alerts, and how
+    long a diagnosis stays fresh for stop and destroy (``diagnosis_fresh_min``, minutes)."""
+    from agent.policy import effective_limits
+
     return {
         "inst": inst,
+        "diagnosis_fresh_min": effective_limits().diagnosis_fresh_min,
         "diagnoses": list(Diagnosis.objects.filter(instance=inst).order_by("-taken_at")[:DIAGNOSES_ON_PAGE]),
         "events": list(AuditLog.objects.filter(target=inst.external_id).order_by("-at", "-id")[:EVENTS_ON_PAGE]),
         "inst_alerts": list(Alert.objects.filter(instance=inst).order_by("-raised_at")[:50]),

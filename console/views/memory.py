@@ -11,7 +11,6 @@ from django.contrib.auth.decorators import login_required
 from django.db.models import Q
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
-from django_htmx.http import trigger_client_event
 
 from agent import memory
 from agent.models import MemoryFact
@@ -60,9 +59,10 @@ def _answer(request, error: str = "", error_pk=None, status: int = 200, ok: str 
     category, q = _filters(request)
     ctx = _page_context(request, error=error, error_pk=error_pk, **memory_context(category, q))
     if request.htmx:
-        resp = render(request, "console/partials/memory.html", ctx, status=status)
-        trigger_client_event(resp, "memory-changed")
-        return resp
+        # no client event here: the region re-fetches on "memory-changed", so an event on every
+        # answer (its own GETs too) made it fetch itself again, without end. A change is pushed
+        # over the websocket by ``agent.memory`` after commit, which reaches every open tab.
+        return render(request, "console/partials/memory.html", ctx, status=status)
     if status == 200 and request.method == "POST":
         messages.success(request, ok)
         return redirect(f"/memory/?category={category}&q={q}")

@@ -21,8 +21,9 @@ from fleet.cost import Spend, fleet_dph, instance_dph, spend_by_instance
 from fleet.models import DemandSample, FleetSample, Instance
 from fleet.proof_cost import credited_proofs, proof_costs
 
-#: the windows an operator can pick (hours), and the default
-WINDOWS = (6, 24, 72, 168)
+#: the windows an operator can pick (hours): 1 h, 6 h, 24 h, 7 d; without a pick, the smallest
+#: that holds every sample (a 20-minute demo fills the 1 h chart instead of the last pixels of 24 h)
+WINDOWS = (1, 6, 24, 168)
 DEFAULT_HOURS = 24
 #: at most this many points per series (older samples are thinned evenly)
 MAX_POINTS = 720
@@ -111,11 +112,25 @@ def performance_context(hours: int) -> dict:
     }
 
 
-def _hours(request) -> int:
-    try:
-        h = int(request.GET.get("hours", DEFAULT_HOURS))
-    except ValueError:
+def data_hours() -> int:
+    """The smallest of :data:`WINDOWS` that holds the oldest fleet sample of the last 7 days
+    (:data:`DEFAULT_HOURS` when there is none). One query."""
+    now = clock.now()
+    oldest = (FleetSample.objects.filter(taken_at__gte=now - timedelta(hours=WINDOWS[-1]))
+              .order_by("taken_at").values_list("taken_at", flat=True).first())
+    if oldest is None:
         return DEFAULT_HOURS
+    age_h = (now - oldest).total_seconds() / 3600
+    return next((h for h in WINDOWS if h >= age_h), WINDOWS[-1])
+
+
+def _hours(request) -> int:
+    if not request.GET.get("hours"):
+        return data_hours()
+    try:
+        h = int(request.GET["hours"])
+    except ValueError:
+        return DEFAULT_HOURS  # a bad pick: the usual day, not a guess
     return h if h in WINDOWS else DEFAULT_HOURS
 
 
@@ -123,7 +138,8 @@ def _hours(request) -> int:
 @require_GET
 @never_cache
 def performance_page(request: HtmxHttpRequest) -> HttpResponse:
-    """The Machine Performance tab: ``?hours=24|6|72|168`` picks the window (default 24). htmx GET:
+    """The Machine Performance tab: ``?hours=1|6|24|168`` picks the window (default: the span that
+    has data, :func:`data_hours`). htmx GET:
     the region only (re-fetched on ``fleet-changed``/``demand-changed``)."""
     ctx = _page_context(request, **performance_context(_hours(request)))
     if _is_region(request):

@@ -10,8 +10,9 @@ from django.shortcuts import render
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
-from agent.models import Run
+from agent.models import Run, Step
 from agent.report import flagged_claims
+from agent.tool_specs import TOOLS
 from console.views.common import HtmxHttpRequest, _is_region, _page_context, page_number
 from fleet.clock import clock
 
@@ -19,9 +20,44 @@ from fleet.clock import clock
 RUNS_ON_PAGE = 50
 
 RUN_STATUSES = ("running", "parked", "done", "halted", "failed", "queued", "cancelled")
-#: the verdict filter: ``acted`` (the verdict says it acted), ``noop`` (no action, nothing
-#: changed: left out of later prompts), ``unknown`` (no verdict, or a malformed one)
-VERDICTS = {"acted": Q(verdict_action=True), "noop": Q(included_in_prompt=False), "unknown": Q(verdict_action__isnull=True)}
+#: tools whose execution changes the world (``agent.tool_specs``: ``side_effect``)
+SIDE_EFFECT_TOOLS = sorted(name for name, t in TOOLS.items() if t.side_effect)
+#: step outcomes that mean the call ran (directly, or after an operator's approval)
+EXECUTED = ("executed", "approved_executed")
+#: a run the runtime's records show acted: one of its side-effect calls executed
+ACTED = Q(steps__kind="call", steps__outcome__in=EXECUTED, steps__tool__in=SIDE_EFFECT_TOOLS)
+#: a quiet run: the model's verdict says no action and no change, it ended done, and the records
+#: agree (nothing executed) — a heartbeat that found nothing to do
+QUIET = Q(included_in_prompt=False, status="done")
+#: the verdict filter: ``acted`` (the runtime's records: a side effect executed), ``noop`` (a
+#: no-op verdict, not parked, nothing executed: left out of later prompts), ``unknown`` (the model
+#: gave no verdict, or a malformed one)
+VERDICTS = {"acted": Q(pk__in=Run.objects.filter(ACTED).values("pk")),
+            "noop": Q(included_in_prompt=False) & ~Q(status="parked") & ~Q(pk__in=Run.objects.filter(ACTED).values("pk")),
+            "unknown": Q(verdict_action__isnull=True)}
+
+
+def acted_lines(run_ids: list[int]) -> dict[int, list[str]]:
+    """What each run's executed side effects did, from its steps: ``{run pk: ["destroy local-1",
+    "launch RTX 4090"]}`` in step order. One query."""
+    out: dict[int, list[str]] = {}
+    for run_id, tool, args in (Step.objects.filter(run_id__in=run_ids, kind="call", outcome__in=EXECUTED,
+                                                   tool__in=SIDE_EFFECT_TOOLS)
+                               .order_by("run_id", "seq").values_list("run_id", "tool", "args")):
+        args = args if isinstance(args, dict) else {}
+        what = args.get("instance_id") or args.get("gpu_name") or args.get("offer_id") or ""
+        out.setdefault(run_id, []).append(f"{tool.removesuffix('_instance')} {what}".strip())
+    return out
+
+
+def annotate_acted(runs: list) -> list:
+    """Set ``acted`` (list of what its executed side effects did, see :func:`acted_lines`) and
+    ``quiet`` (done, a no-op verdict and nothing executed) on each run. One query."""
+    lines = acted_lines([r.pk for r in runs])
+    for r in runs:
+        r.acted = lines.get(r.pk, [])
+        r.quiet = r.status == "done" and not r.included_in_prompt and not r.acted
+    return runs
 
 
 def runs_filters(params) -> dict:
@@ -40,10 +76,13 @@ def runs_filters(params) -> dict:
     return {"status": status, "trigger": trigger, "verdict": verdict}
 
 
-def runs_context(limit: int = RUNS_ON_PAGE, page: int = 1, status: str = "", trigger: str = "", verdict: str = "") -> dict:
-    """One page of runs, newest first, matching the filters, each with its step count, and the
-    pager ``runs_pager`` (``runs_pager.paginator.count`` is how many match). Three queries whatever the number of runs:
-    the count, the page's run numbers, the page's rows with their step counts."""
+def runs_context(limit: int = RUNS_ON_PAGE, page: int = 1, status: str = "", trigger: str = "", verdict: str = "",
+                 hide_quiet: bool = False) -> dict:
+    """One page of runs, newest first, matching the filters, each with its step count and what
+    the runtime's records say it did (:func:`annotate_acted`), and the pager ``runs_pager``
+    (``runs_pager.paginator.count`` is how many match). ``hide_quiet`` (the dashboard's default)
+    leaves out quiet runs (:data:`QUIET` with nothing executed) and says how many: ``quiet_hidden``.
+    Five queries whatever the number of runs."""
     qs = Run.objects.order_by("-number")
     if status:
         qs = qs.filter(status=status)
@@ -51,17 +90,24 @@ def runs_context(limit: int = RUNS_ON_PAGE, page: int = 1, status: str = "", tri
         qs = qs.filter(trigger=trigger)
     if verdict:
         qs = qs.filter(VERDICTS[verdict])
+    quiet_hidden = 0
+    if hide_quiet:
+        quiet = QUIET & ~Q(pk__in=Run.objects.filter(ACTED).values("pk"))
+        quiet_hidden = qs.filter(quiet).count()
+        qs = qs.exclude(quiet)
     pager = Paginator(qs.only("pk"), limit).get_page(page)
     ids = [r.pk for r in pager.object_list]
-    runs = Run.objects.filter(pk__in=ids).annotate(step_count=Count("steps")).order_by("-number") if ids else []
+    runs = list(Run.objects.filter(pk__in=ids).annotate(step_count=Count("steps")).order_by("-number")) if ids else []
     return {
-        "runs": list(runs),
+        "runs": annotate_acted(runs),
         "runs_pager": pager,
         "f_status": status,
         "f_trigger": trigger,
         "f_verdict": verdict,
         "run_statuses": RUN_STATUSES,
         "verdicts": list(VERDICTS),
+        "quiet_hidden": quiet_hidden,
+        "hide_quiet": hide_quiet,
     }
 
 
@@ -94,6 +140,7 @@ def run_detail(request: HtmxHttpRequest, number: int) -> HttpResponse:
     if run is None:
         raise Http404(f"no run {number}")
     steps = list(run.steps.select_related("approval", "approval__decided_by").order_by("seq"))
+    annotate_acted([run])
     now = clock.now()
     for s in steps:
         a = getattr(s, "approval", None) if s.kind == "call" else None

@@ -174,6 +174,33 @@ def _settings_form(state: SessionState, data=None) -> SettingsForm:
     return SettingsForm(data, policy=policy, limits={k: limits.get(k) for k in LIMIT_RANGES}, inherit_keys=inherit)
 
 
+#: each limit in one line, with its unit (the runtime's meaning: ``agent.breakers``, ``agent.guards``,
+#: ``agent.lifecycle``, ``fleet.monitor``); shown beside the identifier on the Settings page
+LIMIT_HELP = {
+    "max_steps": "planner turns one run may take before it halts (turns)",
+    "same_error": "halt when this many errors in a row are the same error (errors)",
+    "text_only_spiral": "halt after this many turns in a row with text and no tool call (turns)",
+    "three_strikes": "halt after this many failures of one tool in a run (failures)",
+    "wall_clock_s": "time budget of one run (seconds)",
+    "token_budget": "model tokens in + out one run may spend (tokens)",
+    "tool_timeout_s": "how long a tool call may take unless its tool sets its own (seconds)",
+    "retry_attempts": "tries of a call that failed transiently, the first included (tries)",
+    "observation_max_chars": "longest tool answer the model sees; longer ones keep their head and tail (characters)",
+    "repeat_reminders": "after this many identical calls the model is reminded it repeats itself (calls, one reminder each)",
+    "diagnosis_fresh_min": "stop and destroy need a diagnosis taken at most this long ago (minutes)",
+    "network_recheck_min": "an unreachable-host diagnosis is taken again after this (minutes)",
+    "approval_expiry_min": "a parked call waits this long for an operator, then expires unrun (minutes)",
+    "provisioning_limit_min": "a launch still created/loading/scheduling after this is terminal (minutes)",
+    "offline_grace_min": "an instance offline or unknown with a dead worker this long is terminal (minutes)",
+    "claim_max_age_min": "a side effect started and unfinished this long is a stale claim (minutes)",
+    "rejection_hold_min": "an operator's rejection stands this long unless demand changes state (minutes)",
+    "starve_min": "with work queued and no live worker, a launch pending this long stops blocking another (minutes)",
+    "destroy_confirm_min": "a destroyed instance still listed after this is destroy_unconfirmed and sent again (minutes)",
+    "launch_rate": "at most N launches in S seconds (launches, seconds)",
+    "stopped_destroy_h": "a stopped instance (its disk still billed) is proposed for destroy after this (hours)",
+}
+
+
 def settings_context(state: SessionState, form: SettingsForm) -> dict:
     """The settings form with, per field, its default and whether an override is in force."""
     base_policy, base_limits = baseline_settings(state)
@@ -194,6 +221,7 @@ def settings_context(state: SessionState, form: SettingsForm) -> dict:
             "default": base_limits.get(key),
             "overridden": key in ov.get("limits", {}),
             "range": LIMIT_RANGES[key],
+            "help": LIMIT_HELP.get(key, ""),
         }
         for key, name in form.limit_fields
     ]

@@ -422,7 +422,7 @@ def unreachable_alerts(instances, worker_for=None) -> list:
         key = f"provider_error:ssh:{inst.external_id}"
         if inst.status != "offline":
             if key in open_keys:
-                resolve(key)
+                resolve(key, f"owned host {inst.external_id} answers again (now {inst.status})")
             continue
         if key in open_keys:
             continue
