@@ -154,7 +154,7 @@ def instruction_line(message: str, *, model_failed: bool = False) -> str:
             "on the dashboard.")
 
 
-_RUN = re.compile(r"\brun\s*#?(\d{1,9})\b", re.I)
+_RUN = re.compile(r"\brun {0,3}#?(\d{1,9})\b", re.I)
 
 
 def is_why(text: str) -> bool:

@@ -66,7 +66,7 @@ def test_a_stopped_and_a_destroyed_worker_keep_their_proofs(curio, client):  # n
     assert '<td class="proofs"' in row and ">6</td>" in row[:row.index("</tr>")]
     assert 'id="proofs-not-ours"' not in page
     timeline = client.get("/instances/local-4/timeline/?kind=rate", headers={"HX-Request": "true"}).content.decode()
-    assert "6 proofs/h" in timeline and "Nothing recorded" not in timeline
+    assert "6 proofs completed" in timeline and "Nothing recorded" not in timeline
 
 
 def test_near_miss_proofs_of_a_node_that_is_not_ours_are_said_so(curio):  # noqa: F811

@@ -72,7 +72,7 @@ Money = Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False)]
 REASON_CODES: dict[str, bool] = {
     "max_steps": True, "same_error": True, "identical_args": True, "text_only_spiral": True,
     "forbidden_tool": True, "observe_only": False, "batch_too_large": False, "forged_observation": True,
-    "wall_clock": True, "token_budget": True, "three_strikes": True, "unknown_tool": False,
+    "wall_clock": True, "token_budget": True, "lock_lost": True, "three_strikes": True, "unknown_tool": False,
     "invalid_args": False, "rate_limited": False, "tool_timeout": False, "aborted_before_dispatch": False,
     "owned_host": False, "demand_guard": False, "owned_tasks": False, "hold_off": False,
     "launch_pending": False, "instance_cap": False, "budget_cap": False, "priority_required": False,

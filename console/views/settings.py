@@ -198,6 +198,8 @@ LIMIT_HELP = {
     "destroy_confirm_min": "a destroyed instance still listed after this is destroy_unconfirmed and sent again (minutes)",
     "launch_rate": "at most N launches in S seconds (launches, seconds)",
     "stopped_destroy_h": "a stopped instance (its disk still billed) is proposed for destroy after this (hours)",
+    "retire_window_min": "the sliding window the scale-down budget counts the agent's stops and destroys in (minutes)",
+    "retire_budget_pct": "the share of capacity the agent may retire within that window, at least one instance (percent)",
 }
 
 
