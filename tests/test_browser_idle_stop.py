@@ -36,7 +36,7 @@ STOP_CARD = '#approvals article.approval:has(code.tool:text-is("stop_instance"))
 TRACE_ROWS = """() => Array.from(document.querySelectorAll('#run-trace tr.step')).map(tr => ({
     seq: Number(tr.cells[0].innerText.trim()),
     tool: (tr.querySelector('td:nth-child(5) > code') || {}).innerText || '',
-    args: (tr.querySelector('td:nth-child(5) > pre.args') || {}).innerText || '',
+    args: (tr.querySelector('td:nth-child(5) pre.args') || {}).textContent || '',  // behind its disclosure
     outcome: (tr.querySelector('td:nth-child(6) > .outcome') || {}).innerText || '',
     obs: (tr.querySelector('td:nth-child(7) pre.obs') || {}).innerText || '',
 }))"""
@@ -89,7 +89,7 @@ class TestIdleStopInABrowser(FleetBrowserTestCase):
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
             try:
-                page = self.log_in(browser, "/", frames)
+                page = self.log_in(browser, "/?quiet=1", frames)  # quiet (no-op) runs shown: run 1 is one
                 page.wait_for_selector('#live-pill[data-state="live"]', timeout=15_000)
                 page.wait_for_selector(f"#fleet >> text={iid}")
 
@@ -106,7 +106,8 @@ class TestIdleStopInABrowser(FleetBrowserTestCase):
                 page.click("text=Trigger observe cycle now")
                 page.wait_for_selector(STOP_CARD, timeout=60_000)  # on the dashboard, live
                 card = page.query_selector(STOP_CARD)
-                assert f'"instance_id": "{iid}"' in card.inner_text(), card.inner_text()
+                assert f"Stop {iid}" in card.inner_text(), card.inner_text()  # the call in words
+                assert f'"instance_id": "{iid}"' in card.text_content()  # its JSON, behind the disclosure
                 assert "waiting" in card.inner_text()
                 seen["dashboard_card"] = card.inner_text()
                 approval_pk = int(card.get_attribute("data-approval"))
@@ -131,7 +132,7 @@ class TestIdleStopInABrowser(FleetBrowserTestCase):
                 a = f"#approval-{approval_pk}"
                 page.wait_for_selector(f"{a} >> text=waiting")
                 assert page.inner_text(f"{a} code.tool") == "stop_instance"
-                assert f'"instance_id": "{iid}"' in page.inner_text(f"{a} pre.args")
+                assert f'"instance_id": "{iid}"' in page.text_content(f"{a} pre.args")
                 csrf = page.input_value(f"{a} form:not(.reject-form) input[name=csrfmiddlewaretoken]")
                 page.evaluate("window.__noReload = 'still here'")
                 page.click(f"{a} button.approve")
