@@ -149,6 +149,9 @@ class TestConsoleUxInABrowser(FleetBrowserTestCase):
                 assert '"instance_id": "local-1"' in page.text_content(f"{card} pre.args")  # JSON behind a disclosure
                 assert page.inner_text(f"{card} .call-sentence") == "Stop local-1"
                 page.wait_for_selector('#live-pill[data-state="live"]', timeout=15_000)
+                # the resync a new socket starts re-fetches the inbox: let it land first, or it replaces
+                # the card (and the error on it) right after the click
+                page.wait_for_load_state("networkidle")
                 page.click(f"{card} .reject-form button")
                 page.wait_for_selector(f"{card} .error", timeout=15_000)
                 assert "a rejection needs a comment" in page.inner_text(f"{card} .error")
