@@ -243,7 +243,7 @@ def score_turn(tc, turn) -> tuple[list[Decision], Halt | None]:
                 run_launched = launched_in_run(tc.run.pk)
         if refusal is not None:
             pass
-        elif too_large:  # refused whole: only the checks before it in SCENARIOS.md's order may speak first
+        elif too_large:  # refused whole: only the checks before it in docs/contract.md's refusal order may speak first
             refusal = duplicate_refusal(p.tool, args, dec.key, batch_prior=passed) or Refusal(
                 "batch_too_large", f"a parallel batch of {len(turn.calls)} calls; at most {MAX_BATCH_CALLS} per turn, nothing in it ran")
             passed.append((p.tool, args))
