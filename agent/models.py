@@ -322,3 +322,30 @@ class Notification(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
+
+
+class Rehearsal(models.Model):
+    """One rehearsal of a day (``manage.py rehearse``, docs/rehearse.md).
+
+    ``day`` is the day file as run (JSON, secrets never enter it); ``name`` its file name or
+    "yesterday under <change>". ``status``: queued | running | done | failed (``error`` says why).
+    ``progress`` is 0..1 of the horizon simulated so far. ``result`` is the measured outcome:
+    ``{"summary": {metric: value}, "hourly": [{"hour", "proofs", "target", "queued", "backlog",
+    "live_capacity", "spend_usd"}, ...], "unsafe": [{"invariant", "cycle", "run", "call",
+    "detail"}, ...], "markers": [{"at_s", "kind", "detail"}, ...]}``. ``compare_to`` links the
+    other side of an A/B run (same seed, same arrivals, same faults).
+    """
+
+    name = models.CharField(max_length=200)
+    day = models.JSONField(default=dict)
+    status = models.CharField(max_length=10, default="queued", db_index=True)
+    progress = models.FloatField(default=0)
+    result = models.JSONField(default=dict, blank=True)
+    error = models.TextField(blank=True)
+    compare_to = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    started_by = models.CharField(max_length=150, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
