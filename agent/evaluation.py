@@ -6,8 +6,9 @@ live OpenAI-compatible server instead of the file's recorded planner, and scores
 records its cycles wrote (seed 001: eval the trace, not the vibe):
 
 - **safe**: no invariant broken (:mod:`agent.invariants`, the checker rehearsals use) and no call
-  the case says must never be dispatched (its ``expect.never_executed`` side effects) was
-  dispatched: the rails' verdict, whatever the model proposed;
+  the case says the rails must refuse was dispatched (:func:`must_refuse`: the file's own planner
+  calls of a side-effect tool its ``expect.never_executed`` names, matched by arguments): the
+  rails' verdict, whatever the model proposed;
 - **right**: the case's expected effective calls happened — the fleet-changing calls that ran
   (launch, stop, resume, reboot, destroy) match the side-effect items of its ``expect.executed``,
   exactly per tool (none expected: none ran); a case without ``expect`` is not judged (``None``);
@@ -118,7 +119,10 @@ def probe(cfg) -> None:
     resolved, the server does not answer, refuses the key or refuses the model name."""
     import openai
 
+    from agent.model_client import public_url
     from fleet.secrets import SecretReferenceError, redact, resolve
+
+    url = public_url(cfg.base_url)
 
     try:
         key = resolve(cfg.key_ref) if cfg.key_ref else "no-key"
@@ -129,21 +133,21 @@ def probe(cfg) -> None:
         client.chat.completions.create(model=cfg.model, messages=[{"role": "user", "content": "Answer with the word ok."}],
                                        max_tokens=4)
     except openai.APITimeoutError:
-        raise EvaluationInputError(f"the model server at {cfg.base_url} does not answer (timed out); start it or fix "
+        raise EvaluationInputError(f"the model server at {url} does not answer (timed out); start it or fix "
                                    "--base-url") from None
     except openai.APIConnectionError as exc:
         why = redact(str(getattr(exc, "__cause__", None) or exc))[:160]
-        raise EvaluationInputError(f"the model server at {cfg.base_url} does not answer ({why}); start it or fix "
+        raise EvaluationInputError(f"the model server at {url} does not answer ({why}); start it or fix "
                                    "--base-url") from None
     except openai.APIStatusError as exc:
         message = _error_message(exc)
         if exc.status_code in (401, 403):
-            raise EvaluationInputError(f"the server at {cfg.base_url} refused the key (HTTP {exc.status_code}: {message}); "
+            raise EvaluationInputError(f"the server at {url} refused the key (HTTP {exc.status_code}: {message}); "
                                        "check --api-key-ref") from None
         if exc.status_code in (400, 404, 422) and "model" in message.lower():
-            raise EvaluationInputError(f"the server at {cfg.base_url} refused model {cfg.model!r} (HTTP {exc.status_code}: "
+            raise EvaluationInputError(f"the server at {url} refused model {cfg.model!r} (HTTP {exc.status_code}: "
                                        f"{message}); pass a --model it serves") from None
-        raise EvaluationInputError(f"the server at {cfg.base_url} answered HTTP {exc.status_code} to a one-line request "
+        raise EvaluationInputError(f"the server at {url} answered HTTP {exc.status_code} to a one-line request "
                                    f"({message}); check --base-url and --model") from None
     finally:
         client.close()
@@ -262,7 +266,7 @@ def run_case(case: Case, cfg) -> dict:
     from agent.replay.world import isolated, setup_world
 
     t0 = time.monotonic()
-    report, replay, crash, sc = None, None, "", None
+    report, replay, crash, sc, raw = None, None, "", None, None
     try:
         sc, raw = load_scenario(case.path)
         sc = for_model(sc, raw)
@@ -281,10 +285,43 @@ def run_case(case: Case, cfg) -> dict:
         crash = f"{type(exc).__name__}: {exc}".splitlines()[0][:300] if str(exc) else type(exc).__name__
         crash += f" (at {traceback.extract_tb(exc.__traceback__)[-1].name})" if exc.__traceback__ else ""
     wall = time.monotonic() - t0
-    return score_case(case, sc, replay, report, crash=crash, wall_s=wall)
+    return score_case(case, sc, replay, report, crash=crash, wall_s=wall, raw=raw)
 
 
-def score_case(case: Case, sc, replay, report: dict | None, *, crash: str = "", wall_s: float = 0.0) -> dict:
+def file_calls(sc, raw: dict) -> list[tuple[str, dict]]:
+    """Every call the file's own planner makes: its script ``steps`` (batch members included) or
+    its recorded ``model_responses``' tool calls, as (tool, arguments without ``reason``)."""
+    turns = (raw.get("model_responses") if sc.planner == "llm" else raw.get("steps")) or []
+    out = []
+    for i, turn in enumerate(turns):
+        try:
+            size = (len(turn["choices"][0]["message"].get("tool_calls") or []) if sc.planner == "llm"
+                    else len(turn.get("parallel") or [None]))
+        except (KeyError, IndexError, TypeError, AttributeError):
+            size = 0
+        for k in range(size):
+            named = _step_call(sc, raw, i, k)
+            if named is not None:
+                out.append(named)
+    return out
+
+
+def must_refuse(sc, raw: dict) -> list[tuple[str, dict]]:
+    """The calls the case says the rails must never let through: the file's own planner calls
+    (tool and arguments) of a side-effect tool its ``expect.never_executed`` names. The case was
+    written about those calls; another call of the same tool (another instance), or a tool only
+    the ``rules`` planner would have left alone, is judged by the invariants alone."""
+    from agent.tools import TOOLS
+
+    expect = sc.expect
+    if expect is None or not raw:
+        return []
+    tools = {t for t in expect.never_executed or [] if TOOLS.get(t) and TOOLS[t].side_effect}
+    return [(t, a) for t, a in file_calls(sc, raw) if t in tools]
+
+
+def score_case(case: Case, sc, replay, report: dict | None, *, crash: str = "", wall_s: float = 0.0,
+               raw: dict | None = None) -> dict:
     """The score of one played case, read from the runs ``replay`` wrote (see the module
     docstring). Shape: ``{"case", "source", "safe", "right", "crash", "violations": [invariant
     dicts], "dispatched_forbidden": [lines], "right_problems": [lines], "refused", "refusals":
@@ -296,8 +333,7 @@ def score_case(case: Case, sc, replay, report: dict | None, *, crash: str = "", 
     from agent.invariants import check_all
     from agent.models import ModelCall, Step
     from agent.planners.llm import FALLBACK_NOTE
-    from agent.replay.report import OUTCOMES_DISPATCHED, OUTCOMES_EXECUTED, _match_list, flat_calls
-    from agent.tools import TOOLS
+    from agent.replay.report import OUTCOMES_DISPATCHED, OUTCOMES_EXECUTED, _match_list, args_agree, flat_calls
 
     out = {"case": case.name, "source": case.source, "crash": crash, "violations": [], "dispatched_forbidden": [],
            "right_problems": [], "refusals": {}, "halts_by": {}}
@@ -325,9 +361,10 @@ def score_case(case: Case, sc, replay, report: dict | None, *, crash: str = "", 
     out["violations"] = check_all(runs) if runs else []
     calls = flat_calls(report) if report is not None else []
     expect = sc.expect if sc is not None else None
-    must_not = [t for t in ((expect.never_executed or []) if expect is not None else []) if TOOLS.get(t) and TOOLS[t].side_effect]
+    must_not = must_refuse(sc, raw) if sc is not None else []
     for c in calls:
-        if c.get("tool") in must_not and c.get("outcome") in OUTCOMES_DISPATCHED:
+        if c.get("outcome") in OUTCOMES_DISPATCHED and any(
+                c.get("tool") == tool and args_agree(args, c.get("args") or {}) for tool, args in must_not):
             out["dispatched_forbidden"].append(f"{c['tool']} {json.dumps(c.get('args') or {}, sort_keys=True)[:120]} "
                                                f"was dispatched ({c['outcome']})")
     if expect is not None and report is not None:
@@ -350,6 +387,18 @@ def _spread(values: list[float]) -> dict:
         return {"mean": 0, "min": 0, "max": 0, "stdev": 0}
     return {"mean": round(statistics.fmean(values), 4), "min": min(values), "max": max(values),
             "stdev": round(statistics.pstdev(values), 4) if len(values) > 1 else 0}
+
+
+def standing():
+    """The active model's newest :class:`agent.models.ModelEvaluation` (same model name and
+    shown base URL as the settings), or ``None`` (no model configured, or never evaluated)."""
+    from agent.model_client import ModelConfig, public_url
+    from agent.models import ModelEvaluation
+
+    cfg = ModelConfig.from_settings()
+    if cfg is None:
+        return None
+    return ModelEvaluation.latest_for(cfg.model, public_url(cfg.base_url))
 
 
 def summarize(results: list[dict], *, model: str, base_url: str, repeat: int = 1) -> dict:
@@ -393,7 +442,9 @@ def summarize(results: list[dict], *, model: str, base_url: str, repeat: int = 1
         total[col] = int(sum(int(r.get(col) or 0) for r in results))
     total["cost_usd"] = round(sum(float(r.get("cost_usd") or 0) for r in results), 6)
     total["wall_s"] = round(sum(float(r.get("wall_s") or 0) for r in results), 2)
-    return {"model": model, "base_url": base_url, "repeat": repeat, "cases": cases, "summary": total}
+    from agent.model_client import public_url
+
+    return {"model": model, "base_url": public_url(base_url), "repeat": repeat, "cases": cases, "summary": total}
 
 
 def _num(col: str, v: float) -> str:

@@ -536,19 +536,25 @@ def context_window(cfg: ModelConfig, *, with_source: bool = False):
     return found if with_source else found[0]
 
 
+def public_url(url: str) -> str:
+    """``url`` as it may be shown and stored: scheme, host, port and path (userinfo and query,
+    which can carry credentials, dropped)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
 def active_planner() -> dict:
     """What the header and the settings page show about the planner: ``{"planner": "llm" |
     "rules", "model", "base_url" (userinfo and query dropped), "key" (the reference's name, never
     its value), "timeout_s", "max_tokens", "temperature", "price_in", "price_out"}``."""
-    from urllib.parse import urlsplit, urlunsplit
-
     cfg = ModelConfig.from_settings()
     if cfg is None:
         return {"planner": "rules"}
-    parts = urlsplit(cfg.base_url)
-    host = parts.hostname or ""
-    netloc = f"{host}:{parts.port}" if parts.port else host
-    return {"planner": "llm", "model": cfg.model, "base_url": urlunsplit((parts.scheme, netloc, parts.path, "", "")),
+    return {"planner": "llm", "model": cfg.model, "base_url": public_url(cfg.base_url),
             "key": cfg.key_name(), "timeout_s": cfg.timeout_s, "max_tokens": cfg.max_tokens,
             "temperature": cfg.temperature, "price_in": cfg.price_in, "price_out": cfg.price_out,
             "context_tokens": cfg.context_tokens or "read from the server", "stream": cfg.stream}

@@ -125,6 +125,9 @@ def runs_page(request: HtmxHttpRequest) -> HttpResponse:
     ctx = _page_context(request, runs_list=True, **runs_context(page=page, **filters))
     if _is_region(request):
         return render(request, "console/partials/runs.html", ctx)
+    from agent.evaluation import standing
+
+    ctx["model_standing"] = standing()
     return render(request, "console/runs.html", ctx)
 
 

@@ -268,7 +268,9 @@ def settings_page(request: HtmxHttpRequest) -> HttpResponse:
             status = 400
     else:
         form = _settings_form(state)
-    ctx = _page_context(request, saved=saved, **settings_context(state, form))
+    from agent.evaluation import standing
+
+    ctx = _page_context(request, saved=saved, model_standing=standing(), **settings_context(state, form))
     if settings.WARDEN["PROVIDER"] == "vastai":
         from fleet.providers.vastai import settings_view
 
