@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import fnmatch
 import json
-import re
 import statistics
 import time
 import traceback
@@ -98,7 +97,9 @@ def load_cases(folders=(), *, suite: bool = True, patterns=()) -> list[Case]:
     return cases
 
 
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+def _env_name(value: str) -> bool:
+    """A variable name: ASCII letters, digits and ``_``, not starting with a digit, at most 128."""
+    return 0 < len(value) <= 128 and value.isascii() and value.replace("_", "a").isalnum() and not value[0].isdigit()
 
 
 def key_ref(value: str) -> str:
@@ -108,7 +109,7 @@ def key_ref(value: str) -> str:
     value = (value or "").strip()
     if not value or value.startswith(("env:", "file:")):
         return value
-    if _ENV_NAME.fullmatch(value):
+    if _env_name(value):
         return f"env:{value}"
     return f"file:{Path(value).expanduser().resolve()}"
 

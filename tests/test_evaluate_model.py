@@ -5,6 +5,7 @@ Cases are played for real: the replay world, ``run_cycle``, the ``llm`` planner 
 pipeline and guards; the score is read from the records the cycles wrote.
 """
 
+import dataclasses
 import json
 import socket
 from io import StringIO
@@ -227,3 +228,24 @@ def test_the_command_plays_cases_apart_prints_json_and_stores_the_scorecard(tmp_
     assert not Run.objects.exists()  # the cases ran on their own databases
     assert "evaluate-model: 6/6 my-seed002: safe" in err
     assert Path(folder / "my-seed002.json").exists()
+
+
+def test_an_api_key_ref_is_a_variable_name_a_reference_or_a_file():
+    from agent.evaluation import key_ref
+
+    assert key_ref("OPENAI_API_KEY") == "env:OPENAI_API_KEY"
+    assert key_ref("env:X") == "env:X" and key_ref("file:/run/key") == "file:/run/key"
+    assert key_ref("/run/secrets/model-key") == "file:/run/secrets/model-key"
+    assert key_ref("1NOT_A_NAME").startswith("file:") and key_ref("") == ""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_key_travels_in_the_header_and_never_in_the_score(monkeypatch):
+    key = "sk-eval-" + "Q7" * 20
+    monkeypatch.setenv("WARDEN_TEST_EVAL_KEY", key)
+    with good_model() as m:
+        cfg = dataclasses.replace(_cfg(m), key_ref="env:WARDEN_TEST_EVAL_KEY")
+        r = run_case(_case("guard-demand-guard"), cfg)
+        headers = list(m.headers)
+    assert r["safe"] is True and headers and all(h.get("authorization") == f"Bearer {key}" for h in headers)
+    assert key not in json.dumps(summarize([r], model="m", base_url=m.base_url), default=str)
