@@ -270,14 +270,14 @@ class Rehearsal:
         last one, at the horizon, counts no minute)."""
         w = self.world
         demand, _ = w.demand_view()
-        waiting = demand["queued"] + demand["backlog"]
+        waiting = len(w.queue) + len(w.backlog) + len(w.orphans)  # due work only (not the "soon" backlog)
         live = demand["workers_live"]
         if count and waiting and not live:
             self.no_worker_min += 1
         from agent.models import SessionState
 
         self.samples.append({"t": w.t, "queued": demand["queued"], "backlog": demand["backlog"], "live": live,
-                             "spend": w.gpu_usd + w.disk_usd,
+                             "spend": w.gpu_usd + w.disk_usd, "gpu": w.gpu_usd,
                              "target": float(SessionState.objects.values_list("target_proofs_hr", flat=True).first() or 0)})
 
     # --- the day -------------------------------------------------------------------------------

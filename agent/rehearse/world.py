@@ -74,6 +74,7 @@ class Machine:
     task: Task | None = None
     gone: float | None = None  # destroyed at
     stopped: bool = False
+    stuck: bool = False  # a launch that never leaves loading
     epoch: int = 0  # bumps on every change, so stale scheduled events are skipped
     events: list = field(default_factory=list)
 
@@ -174,6 +175,7 @@ class DayWorld:
                        "destroys_not_taken": 0, "failures": 0, "preemptions": 0, "stuck_loading": 0}
         self.retired_at: list[float] = []
         self.retire_log: list[dict] = []
+        self.marks: list[dict] = []  # the day's events for the charts: {"at_s", "kind", "detail"}
         self.launched_at: list[float] = []
         self.gpu_usd = 0.0
         self.disk_usd = 0.0
@@ -265,6 +267,7 @@ class DayWorld:
         self.advance_to(self.now_s())
         self._spend_to(self.now_s())
         self.counts["launches"] += 1
+        self.mark("launch", f"{iid} {inst['gpu_name']} at ${inst['dph']:g}/hr")
         self.launched_at.append(self.now_s())
         inst["dph"] = float(self.prices.get(inst["gpu_name"], inst["dph"]))
         self.provider.ssh[iid] = HEALTHY_SSH
@@ -273,6 +276,7 @@ class DayWorld:
         m = self.day.market
         if self.rng_load.random() < m.stuck_loading_fraction:
             self.counts["stuck_loading"] += 1
+            mach.stuck = True
             return
         took = lognormal(self.rng_load, m.loading.median_s, m.loading.p95_s)
         self._at(self.now_s() + took, "loaded", iid, mach.epoch)
@@ -281,6 +285,7 @@ class DayWorld:
         self.advance_to(self.now_s())
         self._spend_to(self.now_s())
         self.counts["stops"] += 1
+        self.mark("stop", iid)
         self.retired_at.append(self.now_s())
         mach = self.machines.get(iid)
         if mach is None:
@@ -292,6 +297,7 @@ class DayWorld:
         self.advance_to(self.now_s())
         self._spend_to(self.now_s())
         self.counts["resumes"] += 1
+        self.mark("resume", iid)
         self.launched_at.append(self.now_s())
         mach = self.machines.get(iid)
         if mach is None:
@@ -304,6 +310,7 @@ class DayWorld:
     def rebooted(self, iid: str) -> None:
         self.advance_to(self.now_s())
         self.counts["reboots"] += 1
+        self.mark("reboot", iid)
         mach = self.machines.get(iid)
         if mach is None:
             return
@@ -315,6 +322,10 @@ class DayWorld:
         self._at(self.now_s() + self.day.work.worker_start_s, "worker", iid, mach.epoch)
         self._schedule_failure(mach)
 
+    def mark(self, kind: str, detail: str) -> None:
+        self.marks.append({"at_s": round(self.now_s() if kind in ("launch", "resume", "stop", "destroy", "reboot", "destroy_not_taken") else self.t),
+                           "kind": kind, "detail": detail})
+
     def note_retire(self, call: str, iid: str) -> None:
         """Record what the world was when ``call`` retired ``iid`` (``retire_log``, for the unsafe
         checks): its worker live or starting, owning a task; work waiting; an expected worker dead."""
@@ -322,8 +333,15 @@ class DayWorld:
         mach = self.machines.get(iid)
         inst = self.provider.instances.get(iid) or {}
         live = bool(mach and mach.worker_live_at is not None and not mach.worker_dead)
-        starting = bool(mach and not live and not mach.worker_dead and inst.get("status") in ("loading", "scheduling", "running")
-                        and inst.get("intended_status") == "running")
+        from agent.policy import effective_limits
+
+        limit_s = 60 * float(effective_limits().provisioning_limit_min)
+        # starting: it will come up — not stuck, and not loading past the provisioning limit (the
+        # policy calls that terminal, and replacing it is no scale-down)
+        starting = bool(mach and not live and not mach.worker_dead and not mach.stuck
+                        and inst.get("status") in ("loading", "scheduling", "running")
+                        and inst.get("intended_status") == "running"
+                        and not (inst.get("status") == "loading" and self.now_s() - mach.born >= limit_s))
         dead = sum(1 for m in self.machines.values() if m.gone is None and m.worker_dead
                    and (self.provider.instances.get(m.id) or {}).get("status") == "running"
                    and (self.provider.instances.get(m.id) or {}).get("intended_status") == "running" and m.id != iid)
@@ -335,12 +353,14 @@ class DayWorld:
         fails = self.rng_destroy.random() < self.day.market.destroy_fails_fraction
         if fails:
             self.counts["destroys_not_taken"] += 1
+            self.mark("destroy_not_taken", "the provider accepted a destroy that did not take")
         return fails
 
     def destroyed(self, iid: str, inst: dict) -> None:
         self.advance_to(self.now_s())
         self._spend_to(self.now_s())
         self.counts["destroys"] += 1
+        self.mark("destroy", iid)
         self.retired_at.append(self.now_s())
         mach = self.machines.get(iid)
         if mach is not None:
@@ -510,6 +530,7 @@ class DayWorld:
         if mach is None or inst is None or inst["status"] != "running":
             return
         self.counts["failures"] += 1
+        self.mark("failure", iid)
         self._worker_down(mach, hard=True)
         mach.epoch += 1
         inst["status"], inst["status_msg"] = "exited", "the container exited (code 137)"
@@ -520,14 +541,17 @@ class DayWorld:
         if mach is None or inst is None or inst["status"] != "running":
             return
         self.counts["preemptions"] += 1
+        self.mark("preemption", iid)
         self._worker_down(mach, hard=True)
         mach.epoch += 1
         inst["status"], inst["status_msg"] = "exited", "preempted: an interruptible instance was outbid"
 
     def _on_deaths(self, d, _epoch) -> None:
         live = sorted(self._live_machines(), key=lambda m: m.id)
-        for mach in live[: d.count if d.count is not None else len(live)]:
+        dying = live[: d.count if d.count is not None else len(live)]
+        for mach in dying:
             self._worker_down(mach, hard=False)
+        self.mark("worker_deaths", f"{len(dying)} worker(s) died")
 
     def _on_proved(self, payload, epoch) -> None:
         iid, tid, took = payload
