@@ -14,7 +14,8 @@ plays it on the virtual clock:
 - the market and the work move between those moments (``agent.rehearse.world.DayWorld``), and the
   provider and demand source the product reads are the world's (the ``scenario`` ones, extended).
 
-After every cycle the run's records are checked for unsafe decisions (``agent.rehearse.unsafe``).
+After every cycle the run's records are checked for unsafe decisions (``agent.rehearse.unsafe``:
+the product's ``agent.invariants`` and the world's truth at each retirement).
 Returns the outcome in the shape ``agent.models.Rehearsal.result`` documents.
 """
 
@@ -324,6 +325,13 @@ class Rehearsal:
                     self.progress(frac)
         self.move_to(self.horizon)
         self.sample(count=False)
+        from agent.models import Run
+
+        final = self.checker.final(Run.objects.filter(number__gte=self.first_run))
+        self.unsafe += final
+        for v in final:
+            self.markers.append({"at_s": round(self.horizon), "kind": "unsafe",
+                                 "detail": f"{v['invariant']}: run {v['run']} call {v['call']}: {v['detail']}"})
         if self.progress is not None:
             self.progress(1.0)
 
