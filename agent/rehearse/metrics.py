@@ -21,7 +21,7 @@ SUMMARY_KEYS = (
     "hours", "proofs_delivered", "proofs_arrived", "target_met_hours", "queue_wait_p50_s", "queue_wait_p95_s",
     "queue_wait_max_s", "waiting_no_worker_min", "usd_gpu", "usd_disk", "usd_total", "usd_per_proof", "oracle_usd",
     "oracle_ratio", "approvals_asked", "approvals_asked_by_tool", "approvals_approved", "approvals_rejected",
-    "approvals_expired", "actions_by_themselves", "launches", "resumes", "stops", "destroys", "destroys_not_taken",
+    "approvals_expired", "actions_by_themselves", "launches", "late_launches", "resumes", "stops", "destroys", "destroys_not_taken",
     "reboots", "flaps", "failures", "preemptions", "stuck_loading", "cycles", "runs", "model_tokens_in",
     "model_tokens_out", "model_usd", "unsafe",
 )
@@ -135,6 +135,7 @@ def measure(reh) -> dict:
         "approvals_expired": expired,
         "actions_by_themselves": self_run,
         "launches": w.counts["launches"],
+        "late_launches": w.counts["late_launches"],
         "resumes": w.counts["resumes"],
         "stops": w.counts["stops"],
         "destroys": w.counts["destroys"],

@@ -75,6 +75,7 @@ class Machine:
     gone: float | None = None  # destroyed at
     stopped: bool = False
     stuck: bool = False  # a launch that never leaves loading
+    launched: bool = False  # rented during the day (not the starting fleet)
     epoch: int = 0  # bumps on every change, so stale scheduled events are skipped
     events: list = field(default_factory=list)
 
@@ -172,7 +173,8 @@ class DayWorld:
         self.prices = {o.gpu_name: o.dph for o in m.offers}
         self.offer_spec = {o.gpu_name: o for o in m.offers}
         self.counts = {"launches": 0, "resumes": 0, "stops": 0, "destroys": 0, "reboots": 0,
-                       "destroys_not_taken": 0, "failures": 0, "preemptions": 0, "stuck_loading": 0}
+                       "destroys_not_taken": 0, "failures": 0, "preemptions": 0, "stuck_loading": 0,
+                       "late_launches": 0}
         self.retired_at: list[float] = []
         self.retire_log: list[dict] = []
         self.marks: list[dict] = []  # the day's events for the charts: {"at_s", "kind", "detail"}
@@ -273,6 +275,7 @@ class DayWorld:
         self.provider.ssh[iid] = HEALTHY_SSH
         mach = self._machine(iid, inst["gpu_name"], inst["dph"])
         mach.born = self.now_s()
+        mach.launched = True
         m = self.day.market
         if self.rng_load.random() < m.stuck_loading_fraction:
             self.counts["stuck_loading"] += 1
@@ -512,7 +515,11 @@ class DayWorld:
         mach = self._current(iid, epoch)
         if mach is None:
             return
+        first = mach.last_heartbeat is None
         mach.worker_live_at = self.t
+        if first and mach.launched and not (self.queue or self.backlog or self.orphans):
+            self.counts["late_launches"] += 1  # it came up after the work it was launched for was gone
+            self.mark("late_launch", f"{iid} came up with no work waiting")
         self._worker_up(mach)
 
     def _on_stopped(self, iid, epoch) -> None:
