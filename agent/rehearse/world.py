@@ -165,6 +165,9 @@ class DayWorld:
         self.tasks: list[Task] = []
         self.orphans: dict[int, tuple[Task, float]] = {}  # owned by a dead worker: task, requeue time
         self.idle: set[str] = set()  # live workers with no task
+        self.idle_q: deque[str] = deque()  # the same, in the order they became idle (stale entries skipped)
+        self.busy = 0  # machines whose worker holds a task
+        self._rates: tuple[float, float] | None = None  # (GPU $/hr, disk $/hr) of the fleet; None: recount
         self.idle_since: float | None = 0.0
         self.proof_samples: deque[float] = deque(maxlen=50)
         self.loading_samples: list[float] = []
@@ -259,6 +262,7 @@ class DayWorld:
         disk = (spec.disk_gb * spec.disk_usd_gb_month / HOURS_PER_MONTH) if spec else 0.0
         mach = Machine(id=iid, gpu=gpu, dph=dph, disk_dph=disk, interruptible=bool(spec and spec.interruptible), born=self.t)
         self.machines[iid] = mach
+        self._rates = None
         return mach
 
     # --- the provider's calls ------------------------------------------------------------------
@@ -307,6 +311,7 @@ class DayWorld:
             return
         self._worker_down(mach, hard=True)
         mach.stopped = False
+        self._rates = None
         mach.epoch += 1
         self._at(self.now_s() + self.day.market.resume_s, "loaded", iid, mach.epoch)
 
@@ -369,6 +374,7 @@ class DayWorld:
         if mach is not None:
             self._worker_down(mach, hard=True)
             mach.gone = self.now_s()
+            self._rates = None
             mach.epoch += 1
         gpu = inst.get("gpu_name", "")
         self.provider.offers.append({"id": f"{gpu.replace(' ', '-')}-back-{iid}", "gpu_name": gpu,
@@ -378,7 +384,7 @@ class DayWorld:
     def _worker_up(self, mach: Machine) -> None:
         mach.worker_dead = False
         mach.last_heartbeat = self.t
-        self.idle.add(mach.id)
+        self._set_idle(mach.id)
         if self.backlog:  # a node that can claim them is alive: Curio adds the queue rows
             self.queue.extend(self.backlog)
             self.backlog.clear()
@@ -390,13 +396,20 @@ class DayWorld:
         mach.worker_live_at = None if hard else mach.worker_live_at
         mach.worker_dead = True
         self.idle.discard(mach.id)
+        self._rates = None
         if mach.task is not None:
+            self.busy -= 1
             task, mach.task = mach.task, None
             task.owner = f"dead:{mach.id}"
             self.orphans[task.id] = (task, self.t + self.day.work.looks_dead_s)
             self._at(self.t + self.day.work.looks_dead_s, "requeue", task.id)
         if was_live:
             mach.last_heartbeat = self.t
+
+    def _set_idle(self, iid: str) -> None:
+        if iid not in self.idle:
+            self.idle.add(iid)
+            self.idle_q.append(iid)
 
     def _schedule_failure(self, mach: Machine) -> None:
         m = self.day.market
@@ -414,20 +427,22 @@ class DayWorld:
 
     def _claim(self) -> None:
         while self.queue and self.idle:
-            iid = min(self.idle)
+            iid = self.idle_q.popleft()
+            if iid not in self.idle:
+                continue  # it stopped being idle since it was queued
             self.idle.discard(iid)
             mach = self.machines[iid]
             task = self.queue.popleft()
             task.claimed = task.claimed if task.claimed is not None else self.t
             task.owner = iid
             mach.task = task
+            self.busy += 1
             took = self._proof_s(mach, task)
             self._at(self.t + took, "proved", (iid, task.id, took), mach.epoch)
         self._idle_mark()
 
     def _idle_mark(self) -> None:
-        busy = bool(self.queue or self.backlog or self.orphans) or any(
-            m.task is not None for m in self._live_machines())
+        busy = bool(self.queue or self.backlog or self.orphans or self.busy)
         if busy:
             self.idle_since = None
         elif self.idle_since is None:
@@ -445,17 +460,17 @@ class DayWorld:
     # --- time ------------------------------------------------------------------------------------
     def _spend_to(self, t: float) -> None:
         """Charge GPU $ for every instance rented and not stopped (loading included), disk $ for
-        every instance that exists, from the last charge to ``t``."""
+        every instance that exists, from the last charge to ``t``. The fleet's $/hr is recounted
+        only after the fleet changed, so a proof costs nothing here whatever the fleet size."""
         dt = t - self._spent_to
         if dt <= 0:
             return
+        if self._rates is None:
+            live = [m for m in self.machines.values() if m.gone is None]
+            self._rates = (sum(m.dph for m in live if not m.stopped), sum(m.disk_dph for m in live))
         hours = dt / 3600.0
-        for mach in self.machines.values():
-            if mach.gone is not None:
-                continue
-            self.disk_usd += mach.disk_dph * hours
-            if not mach.stopped:
-                self.gpu_usd += mach.dph * hours
+        self.gpu_usd += self._rates[0] * hours
+        self.disk_usd += self._rates[1] * hours
         self._spent_to = t
 
     def advance_to(self, t: float) -> None:
@@ -529,6 +544,7 @@ class DayWorld:
             return
         self._worker_down(mach, hard=True)
         mach.stopped = True
+        self._rates = None
         inst["status"] = "stopped"
 
     def _on_fail(self, iid, epoch) -> None:
@@ -567,8 +583,9 @@ class DayWorld:
             return
         mach.task.done = self.t
         mach.task = None
+        self.busy -= 1
         self.proof_samples.append(took)
-        self.idle.add(iid)
+        self._set_idle(iid)
         self._claim()
 
     def _on_requeue(self, tid, _epoch) -> None:
