@@ -12,7 +12,8 @@ launch or resume (:func:`agent.pipeline.score_turn`) and again when an approved 
   rebooted or replaced); terminal, draining (cordoned) instances and ones being destroyed are not
   either. Calls waiting for an operator's approval are not capacity.
 - **The need** (:func:`need_for`): the sizing's ``min(max_instances, queued + backlog,
-  max(1, ceil(target / per-worker rate)))`` workers minus capacity, at least 0. The rule is the
+  max(1, ceil(target / per-worker rate)), workers that drain the queue within one loading time)``
+  workers minus capacity, at least 0. The rule is the
   cluster autoscaler's "pending work over per-node throughput" (autoscaling on waiting work, never
   on a flag), with Curio's queue as the pending work.
 - **The facts priority** (:func:`facts_priority`): ``P0`` when work waits and no worker is live,
@@ -193,17 +194,32 @@ class Need:
         return out
 
 
+def drain_workers(world, work: int) -> int | None:
+    """Workers that drain ``work`` waiting tasks within one loading time: ``max(1, ceil(work ×
+    proof seconds / loading_s))``, or None when the demand source does not say how long a launch
+    takes to give a live worker (``DemandReading.loading_s``). A machine beyond this many would come
+    up after the queue it was rented for has drained (the rehearsed days show it: five tasks at
+    20 s a proof, sized by a 540/hr target, rented three machines and one came up idle)."""
+    loading = getattr(world.demand, "loading_s", None)
+    if not loading or loading <= 0:
+        return None
+    proof_s = 3600.0 / per_worker_rate(world.demand)
+    return max(1, math.ceil(work * proof_s / loading - SIZING_SLACK))
+
+
 def desired_workers(world) -> int:
-    """The sizing rule alone: ``min(max_instances, work, max(1, ceil(target / rate)))`` workers
-    while work waits (queued + backlog, demand ``ok``), else 0. ``target / rate`` is rounded up
-    after ignoring :data:`SIZING_SLACK` of a worker (a measured 20.006 s proof must not ask for a
-    third worker where 2.0006 are due)."""
+    """The sizing rule alone: ``min(max_instances, work, max(1, ceil(target / rate)), drain)``
+    workers while work waits (queued + backlog, demand ``ok``), else 0; ``drain`` is
+    :func:`drain_workers` (left out when the loading time is not known). ``target / rate`` is
+    rounded up after ignoring :data:`SIZING_SLACK` of a worker (a measured 20.006 s proof must not
+    ask for a third worker where 2.0006 are due)."""
     work = work_waiting(world)
     if not work:
         return 0
     lim = world.limits
     want = max(1, math.ceil((lim.target_proofs_hr or 0) / per_worker_rate(world.demand) - SIZING_SLACK))
-    return min(lim.max_instances, work, want)
+    drain = drain_workers(world, work)
+    return min(lim.max_instances, work, want, *(() if drain is None else (drain,)))
 
 
 def need_for(world, *, ahead: int = 0) -> Need:

@@ -52,7 +52,7 @@ def launches(target: float) -> int:
 
 def test_the_rules_planner_sizes_from_the_measured_proof_time(curio, settings):  # noqa: F811
     settings.WARDEN = {**settings.WARDEN, "MAX_INSTANCES": 20, "PROOF_SECONDS": 20.0}
-    for _ in range(12):
+    for _ in range(200):  # more than a loading time of work, so the target sizes (docs/money.md "The need")
         curio.task("PoRep")
     for _ in range(3):
         curio.history(90, ended_s_ago=600)  # 90 s per proof: 40 proofs/hr per worker
@@ -62,7 +62,7 @@ def test_the_rules_planner_sizes_from_the_measured_proof_time(curio, settings): 
 
 def test_without_a_measurement_it_sizes_from_the_configured_proof_time(curio, settings):  # noqa: F811
     settings.WARDEN = {**settings.WARDEN, "MAX_INSTANCES": 20, "PROOF_SECONDS": 20.0}
-    for _ in range(12):
+    for _ in range(200):  # more than a loading time of work, so the target sizes (docs/money.md "The need")
         curio.task("PoRep")
 
     assert launches(target=360) == 2  # 3600 / 20 = 180 proofs/hr per worker

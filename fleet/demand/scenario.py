@@ -16,8 +16,8 @@ class ScenarioDemandSource:
     """Reads demand from a scenario file's ``demand`` dict and ``fleet`` list.
 
     ``demand`` keys: ``state`` (ok | unknown | stale), ``active``, ``queued``, ``running``,
-    ``workers_expected``, ``workers_live``, ``idle_min`` (minutes, None = not idle), ``backlog``
-    and ``proof_s`` (passed through to the reading), optional ``proofs_hr``. A replay's timeline
+    ``workers_expected``, ``workers_live``, ``idle_min`` (minutes, None = not idle), ``backlog``,
+    ``proof_s`` and ``loading_s`` (passed through to the reading), optional ``proofs_hr``. A replay's timeline
     replaces :attr:`demand` and changes :attr:`fleet` between cycles. ``state: unknown`` makes :meth:`read` raise :class:`DemandError` (the caller,
     ``fleet.demand.read_demand``, turns that into an unknown reading with every count None).
     """
@@ -66,6 +66,7 @@ class ScenarioDemandSource:
             proofs_hr=d.get("proofs_hr"),
             backlog=d.get("backlog"),
             proof_s=d.get("proof_s"),
+            loading_s=d.get("loading_s"),
             active=d.get("active"),
             taken_at=now,
             idle_since=None if idle_min is None else now - timedelta(minutes=float(idle_min)),
