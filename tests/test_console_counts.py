@@ -117,6 +117,15 @@ def test_destroyed_is_one_word_with_its_own_chip_and_the_chips_add_up(client, al
     assert "local-4" in only and "local-1<" not in only and "local-2<" not in only
 
 
+def test_a_destroyed_row_says_what_it_was_last_seen_doing_only_when_that_adds_something(client, alice):
+    exited = _instance("local-4", "exited", killed_at=timezone.now(), killed_by="monitor", kill_reason="terminal: exited")
+    gone = _instance("local-5", "destroyed", killed_at=timezone.now(), killed_by="user:alice", kill_reason="done")
+    client.force_login(alice)
+    html = client.get("/fleet/?killed=1").content.decode()
+    assert "last seen exited" in html.split(f'id="inst-{exited.pk}"')[1].split("</tr>")[0]
+    assert "last seen" not in html.split(f'id="inst-{gone.pk}"')[1].split("</tr>")[0]  # never "destroyed … last seen destroyed"
+
+
 def test_a_destroyed_instance_page_says_destroyed(client, alice):
     _instance("local-4", "exited", killed_at=timezone.now(), killed_by="monitor", kill_reason="terminal: exited")
     client.force_login(alice)
