@@ -67,5 +67,7 @@ vendor:
 	mkdir -p static/vendor tests/vendor
 	cp node_modules/chart.js/dist/chart.umd.min.js static/vendor/chart.umd.min.js
 	cp node_modules/chart.js/LICENSE.md static/vendor/chart.js.LICENSE.md
+	cp node_modules/chartjs-plugin-zoom/dist/chartjs-plugin-zoom.min.js static/vendor/chartjs-plugin-zoom.min.js
+	cp node_modules/chartjs-plugin-zoom/LICENSE.md static/vendor/chartjs-plugin-zoom.LICENSE.md
 	cp node_modules/axe-core/axe.min.js tests/vendor/axe.min.js
 	cp node_modules/axe-core/LICENSE tests/vendor/axe-core.LICENSE

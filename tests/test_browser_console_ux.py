@@ -28,7 +28,9 @@ from tests.browser_support import CHROMIUM, CHROMIUM_ARGS, FleetBrowserTestCase
 
 WIDTHS = {"desktop": 1280, "phone": 390}
 PAGES = {"dashboard": "/", "fleet": "/fleet/", "runs": "/runs/", "approvals": "/approvals/",
-         "instance": "/instances/local-1/", "run": "/runs/1/", "actions": "/actions/", "alerts": "/alerts/"}
+         "instance": "/instances/local-1/", "timeline": "/instances/local-1/timeline/", "run": "/runs/1/",
+         "actions": "/actions/", "alerts": "/alerts/", "performance": "/performance/", "traces": "/traces/",
+         "memory": "/memory/", "settings": "/settings/", "notifications": "/notifications/"}
 
 
 #: the element that sticks out furthest to the right (for the assertion's message)

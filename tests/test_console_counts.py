@@ -57,6 +57,29 @@ def test_a_launch_still_provisioning_is_intended_but_not_dead(client, alice):
     assert 'id="card-workers-value">1 / 2<' in html and 'id="card-dead"' not in html
 
 
+def test_instances_launched_after_the_last_read_are_starting_not_dead(client, alice):
+    # the run read the queue (no instance yet), then launched two: the next read comes a heartbeat later
+    DemandSample.objects.create(taken_at=timezone.now() - timedelta(seconds=3), state="ok", queued=20, running=0,
+                                workers_expected=0, workers_live=0, workers_dead=0, proofs_hr=0.0)
+    _instance("local-1", "running")
+    _instance("local-2", "running")
+    client.force_login(alice)
+    html = client.get("/").content.decode()
+    assert 'id="card-workers-value">0 / 2<' in html and 'id="card-dead"' not in html
+    assert "2 starting (not yet expected)" in html
+
+
+def test_near_miss_an_instance_the_read_saw_without_a_worker_is_dead(client, alice):
+    _instance("local-1", "running")
+    _instance("local-2", "running")
+    DemandSample.objects.create(taken_at=timezone.now(), state="ok", queued=20, running=0,
+                                workers_expected=2, workers_live=1, workers_dead=1, proofs_hr=0.0)
+    client.force_login(alice)
+    html = client.get("/").content.decode()
+    assert 'id="card-workers-value">1 / 2<' in html and 'id="card-dead">1 dead<' in html
+    assert "starting (not yet expected)" not in html
+
+
 def test_right_after_the_kill_button_the_exited_instance_is_dead_not_live(client, alice):
     _instance("local-1", "running")
     _instance("local-2", "exited", exit_code=-9)
@@ -92,6 +115,15 @@ def test_destroyed_is_one_word_with_its_own_chip_and_the_chips_add_up(client, al
     assert '<span class="status status-destroyed">destroyed</span>' in shown
     only = client.get("/fleet/?status=destroyed&killed=1").content.decode()
     assert "local-4" in only and "local-1<" not in only and "local-2<" not in only
+
+
+def test_a_destroyed_row_says_what_it_was_last_seen_doing_only_when_that_adds_something(client, alice):
+    exited = _instance("local-4", "exited", killed_at=timezone.now(), killed_by="monitor", kill_reason="terminal: exited")
+    gone = _instance("local-5", "destroyed", killed_at=timezone.now(), killed_by="user:alice", kill_reason="done")
+    client.force_login(alice)
+    html = client.get("/fleet/?killed=1").content.decode()
+    assert "last seen exited" in html.split(f'id="inst-{exited.pk}"')[1].split("</tr>")[0]
+    assert "last seen" not in html.split(f'id="inst-{gone.pk}"')[1].split("</tr>")[0]  # never "destroyed … last seen destroyed"
 
 
 def test_a_destroyed_instance_page_says_destroyed(client, alice):

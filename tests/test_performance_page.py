@@ -38,6 +38,9 @@ def test_it_shows_spend_caps_and_a_row_per_instance(client, alice):
     assert "stopped 30.0 h" in row and "over the 24 h limit" in row
     assert "over the" not in re.search(r'<tr id="perf-v-102".*?</tr>', html, re.S).group(0)
     assert 'class="killed"' in re.search(r'<tr id="perf-v-104"[^>]*>', html).group(0)
+    # one word per state: an instance gone from the provider is destroyed, as on the fleet page
+    destroyed = re.search(r'<tr id="perf-v-104".*?</tr>', html, re.S).group(0)
+    assert ">destroyed</span>" in destroyed and ">killed<" not in destroyed
 
 
 def test_the_series_cover_the_window_and_unknown_is_a_gap(client, bob):

@@ -38,6 +38,19 @@ def test_a_monitor_run_that_destroyed_says_acted_beside_no_verdict(client, alice
     assert 'id="run-4"' in acted
 
 
+def test_a_run_that_launched_names_the_instance_it_created(client, alice):
+    run = make_run(6, status="done")
+    launch = call(run, 1, "launch_instance", "approved_executed", launch_priority="P1", reason="28 queued, 1 live")
+    launch.observation = 'ok: true\n{"dph": 0.0, "gpu_name": "local-cpu", "instance_id": "local-3", "status": "running"}'
+    launch.save(update_fields=["observation"])
+    unnamed = make_run(7, status="done")  # a launch whose answer names nothing: its GPU from the arguments
+    call(unnamed, 1, "launch_instance", "executed", gpu_name="RTX 4090")
+    client.force_login(alice)
+    html = client.get("/runs/").content.decode()
+    assert "acted</span> launch local-3" in html.split('id="did-6">')[1].split("</span>\n")[0]
+    assert "acted</span> launch RTX 4090" in html.split('id="did-7">')[1].split("</span>\n")[0]
+
+
 def test_a_parked_run_is_parked_not_no_op(client, alice):
     run = make_run(5, status="parked", included_in_prompt=False)
     call(run, 1, "stop_instance", "parked", instance_id="local-1")

@@ -54,7 +54,9 @@ def call_sentence(obj) -> str:
     return f"{tool} ({', '.join(sorted(k for k in args if k != 'reason'))})" if args else tool
 
 
-def _observed(step) -> dict:
+def observed(step) -> dict:
+    """The tool's own answer on ``step`` (its observation ``ok: true`` + a JSON object) as a dict;
+    {} for a failed call, or an answer that is not a JSON object."""
     text = getattr(step, "observation", "") or ""
     if text.startswith("ok: true\n"):
         try:
@@ -72,7 +74,7 @@ def done_sentence(approval) -> str:
     if getattr(approval, "status", "") != "executed":
         return ""
     step = getattr(approval, "step", None)
-    body = _observed(step) if step is not None else {}
+    body = observed(step) if step is not None else {}
     tool = getattr(approval, "tool", "")
     ident = body.get("instance_id") or _args(approval).get("instance_id")
     if tool in _VERBS and ident:

@@ -89,7 +89,13 @@ def cards_context() -> dict:
     # whether or not their worker is up; the demand read's ``workers_expected`` (running ones past
     # their grace) stays what the guards read and is shown in the card's title
     intended = list(Instance.objects.filter(killed_at__isnull=True, intended_status="running",
-                                            destroy_requested_at__isnull=True).values_list("external_id", "status"))
+                                            destroy_requested_at__isnull=True)
+                    .values_list("external_id", "status", "created_at"))
+    # launched after the last read (a run reads, then launches): that read cannot have seen their
+    # worker, so they are starting until the next read, never dead
+    if ctx["demand"] is not None:
+        fleet["starting"] += sum(1 for _, _, made in intended if made > ctx["demand"].taken_at)
+    intended = [(ext, status) for ext, status, _ in intended]
     fleet["intended"] = len(intended)
     fleet["down"] = [(ext, status) for ext, status in intended if status != "running" and status not in PENDING_STATUSES]
     if ctx["demand"] is not None and ctx["demand_state"] != "unknown":

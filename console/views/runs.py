@@ -13,6 +13,7 @@ from django.views.decorators.http import require_GET
 from agent.models import Run, Step
 from agent.report import flagged_claims
 from agent.tool_specs import TOOLS
+from console.templatetags.sentences import observed
 from console.views.common import HtmxHttpRequest, _is_region, _page_context, page_number
 from fleet.clock import clock
 
@@ -39,13 +40,15 @@ VERDICTS = {"acted": Q(pk__in=Run.objects.filter(ACTED).values("pk")),
 
 def acted_lines(run_ids: list[int]) -> dict[int, list[str]]:
     """What each run's executed side effects did, from its steps: ``{run pk: ["destroy local-1",
-    "launch RTX 4090"]}`` in step order. One query."""
+    "launch local-3"]}`` in step order; a launch names the instance the tool's answer (the step's
+    observation) says it created, else its GPU or offer. One query."""
     out: dict[int, list[str]] = {}
-    for run_id, tool, args in (Step.objects.filter(run_id__in=run_ids, kind="call", outcome__in=EXECUTED,
-                                                   tool__in=SIDE_EFFECT_TOOLS)
-                               .order_by("run_id", "seq").values_list("run_id", "tool", "args")):
-        args = args if isinstance(args, dict) else {}
-        what = args.get("instance_id") or args.get("gpu_name") or args.get("offer_id") or ""
+    for step in (Step.objects.filter(run_id__in=run_ids, kind="call", outcome__in=EXECUTED, tool__in=SIDE_EFFECT_TOOLS)
+                 .order_by("run_id", "seq").only("run_id", "tool", "args", "observation")):
+        run_id, tool = step.run_id, step.tool
+        args = step.args if isinstance(step.args, dict) else {}
+        made = observed(step).get("instance_id") if tool == "launch_instance" else None
+        what = made or args.get("instance_id") or args.get("gpu_name") or args.get("offer_id") or ""
         out.setdefault(run_id, []).append(f"{tool.removesuffix('_instance')} {what}".strip())
     return out
 
