@@ -1,0 +1,239 @@
+"""The Rehearsals pages: every rehearsal of a day (``manage.py rehearse`` or "Rehearse this change on
+yesterday" on the Settings page), and one rehearsal's outcome: the summary in words and units, the
+charts of its day (queue and backlog, live capacity against the target, cumulative $, with markers
+where approvals waited and where an unsafe decision happened) and, while it runs, a progress bar.
+
+The numbers are the stored ``agent.models.Rehearsal.result`` (its docstring gives the shape); the
+charts are drawn in the browser by the vendored Chart.js (``static/rehearsal.js``) from the series
+this view puts in the page as JSON. A running rehearsal's progress is stored on its row by the task
+(``agent.tasks.rehearse``), which announces ``rehearsals-changed`` on the websocket: the page's region
+re-fetches itself, and once the rehearsal is done nothing announces and nothing is fetched.
+"""
+
+from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
+from django.http import Http404, HttpResponse, HttpResponseBadRequest
+from django.shortcuts import render
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET
+
+from agent.models import Rehearsal
+from console.views.common import HtmxHttpRequest, _is_region, _page_context, page_number
+
+#: rehearsals per page of the list
+ON_PAGE = 50
+
+#: the summary's metrics in words, in the order shown: key of ``result["summary"]`` → (words, unit).
+#: Units: ``n`` a count, ``usd`` dollars, ``usd4`` dollars to 4 places ($ per proof), ``s`` seconds,
+#: ``min`` minutes, ``ratio`` a plain ratio (× the oracle), ``pct`` a share 0..1 shown in percent,
+#: ``per_hr`` proofs per hour, ``tokens`` model tokens. A key not listed is shown by its name.
+SUMMARY = {
+    "proofs": ("proofs delivered", "n"),
+    "proofs_hr": ("delivered rate", "per_hr"),
+    "hours_below_target": ("hours the delivered rate was below the target", "n"),
+    "queue_wait_p50_s": ("queue wait, arrival to claim: median", "s"),
+    "queue_wait_p95_s": ("queue wait, arrival to claim: 95th percentile", "s"),
+    "queue_wait_max_s": ("queue wait, arrival to claim: longest", "s"),
+    "starved_min": ("minutes with work waiting and no live worker", "min"),
+    "spend_usd": ("spent, GPU and disk", "usd"),
+    "spend_gpu_usd": ("spent on GPUs", "usd"),
+    "spend_disk_usd": ("spent on disk", "usd"),
+    "usd_per_proof": ("$ per proof", "usd4"),
+    "oracle_usd": ("the oracle's spend", "usd"),
+    "oracle_ratio": ("spend against the oracle", "ratio"),
+    "approvals_asked": ("approvals asked", "n"),
+    "approvals_decided": ("approvals decided", "n"),
+    "approvals_expired": ("approvals expired", "n"),
+    "actions_auto": ("actions run by themselves", "n"),
+    "launches": ("launches", "n"),
+    "resumes": ("resumes", "n"),
+    "stops": ("stops", "n"),
+    "destroys": ("destroys", "n"),
+    "flaps": ("flaps (a retirement followed by a launch within the hold-off)", "n"),
+    "unsafe": ("unsafe decisions", "n"),
+    "cycles": ("cycles run", "n"),
+    "model_tokens": ("model tokens", "tokens"),
+    "model_usd": ("model spend", "usd"),
+}
+
+
+def in_units(value, unit: str) -> str:
+    """``value`` in words with its ``unit`` (:data:`SUMMARY`): ``"$12.40"``, ``"95 s"``, ``"1.25 ×"``,
+    ``"3 h 5 min"`` for long waits; ``"not measured"`` for None; a mapping (a count by tool) as
+    ``"launch_instance 3, stop_instance 1"``."""
+    from console.templatetags.console_extras import age
+
+    if value is None:
+        return "not measured"
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {v}" for k, v in value.items()) or "none"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return str(value)
+    if unit == "usd":
+        return f"${value:,.2f}"
+    if unit == "usd4":
+        return f"${value:,.4f}"
+    if unit == "s":
+        return f"{value:.0f} s" if value < 90 else f"{age(value)} ({value:,.0f} s)"
+    if unit == "min":
+        return f"{value:,.0f} min"
+    if unit == "ratio":
+        return f"{value:.2f} ×"
+    if unit == "pct":
+        return f"{100 * value:.0f}%"
+    if unit == "per_hr":
+        return f"{value:,.1f} proofs/hr"
+    if unit == "tokens":
+        return f"{value:,.0f} tokens"
+    return f"{value:,}" if isinstance(value, int) else f"{value:,.2f}"
+
+
+def summary_rows(summary: dict) -> list[dict]:
+    """The summary as rows ``{"key", "words", "value"}``: the :data:`SUMMARY` metrics first in its
+    order, then any other key by its name."""
+    summary = summary if isinstance(summary, dict) else {}
+    rows = [{"key": k, "words": words, "value": in_units(summary[k], unit)}
+            for k, (words, unit) in SUMMARY.items() if k in summary]
+    rows += [{"key": k, "words": k.replace("_", " "), "value": in_units(v, "")}
+             for k, v in summary.items() if k not in SUMMARY]
+    return rows
+
+
+def _num(v):
+    return v if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def marker_kind(kind: str) -> str:
+    """A marker's chart kind: ``unsafe`` (an unsafe decision), ``approval`` (an approval waited) or
+    ``other``."""
+    kind = str(kind or "")
+    if "unsafe" in kind:
+        return "unsafe"
+    if "approval" in kind:
+        return "approval"
+    return "other"
+
+
+def chart_series(result: dict) -> dict:
+    """The charts' series from a result: each a list of ``[hour from the day's start, value]``
+    (null where the hour did not measure it). ``spend_cum`` is the running sum of ``spend_usd``;
+    ``approval`` and ``unsafe`` are the markers ``[hour, words]``."""
+    hourly = [h for h in (result.get("hourly") or []) if isinstance(h, dict)]
+    out = {k: [] for k in ("queued", "backlog", "live_capacity", "target", "proofs", "spend_cum")}
+    total = 0.0
+    for i, h in enumerate(hourly):
+        x = _num(h.get("hour"))
+        x = i if x is None else x
+        for k in ("queued", "backlog", "live_capacity", "target", "proofs"):
+            out[k].append([x, _num(h.get(k))])
+        spend = _num(h.get("spend_usd"))
+        if spend is not None:
+            total += spend
+        out["spend_cum"].append([x + 1, round(total, 4) if spend is not None else None])  # spent by the hour's end
+    if hourly:
+        out["spend_cum"].insert(0, [out["spend_cum"][0][0] - 1, 0])
+    marks = {"approval": [], "unsafe": []}
+    for m in result.get("markers") or []:
+        if not isinstance(m, dict) or _num(m.get("at_s")) is None:
+            continue
+        kind = marker_kind(m.get("kind"))
+        if kind in marks:
+            marks[kind].append([round(m["at_s"] / 3600, 4), str(m.get("detail") or m.get("kind"))[:200]])
+    return {**out, **marks}
+
+
+def chart_frame(rehearsal: Rehearsal, series: dict) -> dict:
+    """The charts' x range in hours: 0 to the day's horizon (``horizon_h`` of the day file, else the
+    last hour measured)."""
+    horizon = _num((rehearsal.day or {}).get("horizon_h"))
+    last = max((p[0] for p in series["queued"]), default=0) + 1
+    return {"start": 0, "end": horizon if horizon else last}
+
+
+def _summary_of(r: Rehearsal) -> dict:
+    return (r.result or {}).get("summary") or {} if isinstance(r.result, dict) else {}
+
+
+def list_context(page: int = 1) -> dict:
+    """One page of rehearsals, newest first, each with its headline numbers (proofs delivered, $
+    spent, $ per proof, unsafe decisions) in words. Two queries."""
+    pager = Paginator(Rehearsal.objects.defer("day").order_by("-created_at", "-id"), ON_PAGE).get_page(page)
+    rows = []
+    for r in pager.object_list:
+        s = _summary_of(r)
+        unsafe = s.get("unsafe")
+        if unsafe is None and isinstance(r.result, dict) and "unsafe" in r.result:
+            unsafe = len(r.result["unsafe"] or [])
+        rows.append({"r": r, "proofs": in_units(s.get("proofs"), "n") if "proofs" in s else "",
+                     "spend": in_units(s.get("spend_usd"), "usd") if "spend_usd" in s else "",
+                     "per_proof": in_units(s.get("usd_per_proof"), "usd4") if "usd_per_proof" in s else "",
+                     "unsafe": unsafe, "pct": round(100 * (r.progress or 0))})
+    return {"rehearsals": rows, "pager": pager}
+
+
+def detail_context(r: Rehearsal) -> dict:
+    """One rehearsal: its facts, progress (percent), summary rows, unsafe decisions, markers in words
+    and the chart series and frame."""
+    result = r.result if isinstance(r.result, dict) else {}
+    series = chart_series(result)
+    markers = [m for m in result.get("markers") or [] if isinstance(m, dict)]
+    return {
+        "r": r,
+        "pct": round(100 * max(0.0, min(1.0, r.progress or 0))),
+        "finished": r.status in ("done", "failed"),
+        "summary": summary_rows(result.get("summary") or {}),
+        "unsafe": [u for u in result.get("unsafe") or [] if isinstance(u, dict)],
+        "markers": [{**m, "chart": marker_kind(m.get("kind")),
+                     "at_h": _num(m.get("at_s")) / 3600 if _num(m.get("at_s")) is not None else None} for m in markers],
+        "has_charts": bool(result.get("hourly")),
+        "series": series,
+        "frame": chart_frame(r, series),
+        "day_facts": day_facts(r.day),
+    }
+
+
+def day_facts(day: dict) -> list[tuple[str, str]]:
+    """A few facts of the day file in words: horizon, heartbeat, seed, planner."""
+    day = day if isinstance(day, dict) else {}
+    facts = []
+    if _num(day.get("horizon_h")) is not None:
+        facts.append(("horizon", f"{day['horizon_h']:g} h"))
+    if _num(day.get("heartbeat_s")) is not None:
+        facts.append(("heartbeat", f"{day['heartbeat_s']:g} s"))
+    if day.get("seed") is not None:
+        facts.append(("random seed", str(day["seed"])))
+    if day.get("planner"):
+        facts.append(("planner", str(day["planner"])))
+    return facts
+
+
+@login_required
+@require_GET
+@never_cache
+def rehearsals_page(request: HtmxHttpRequest) -> HttpResponse:
+    """The rehearsals, 50 a page, newest first (``?page=N``; a bad page: 400 naming it). htmx GET:
+    the table only (re-fetched on ``rehearsals-changed``)."""
+    try:
+        page = page_number(request.GET)
+    except ValueError as exc:
+        return HttpResponseBadRequest(str(exc), content_type="text/plain")
+    ctx = _page_context(request, **list_context(page))
+    if _is_region(request):
+        return render(request, "console/partials/rehearsals.html", ctx)
+    return render(request, "console/rehearsals.html", ctx)
+
+
+@login_required
+@require_GET
+@never_cache
+def rehearsal_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    """One rehearsal: progress bar while it runs; once done the summary in words and units, the unsafe
+    decisions (each naming its cycle and call), the charts and their markers; the error when it
+    failed. htmx GET: the region only (re-fetched on ``rehearsals-changed``). 404 for an unknown one."""
+    r = Rehearsal.objects.filter(pk=pk).select_related("compare_to").first()
+    if r is None:
+        raise Http404(f"no rehearsal {pk}")
+    ctx = _page_context(request, **detail_context(r))
+    if _is_region(request):
+        return render(request, "console/partials/rehearsal.html", ctx)
+    return render(request, "console/rehearsal.html", ctx)
