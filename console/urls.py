@@ -39,6 +39,7 @@ urlpatterns = [
     path("performance/", performance.performance_page, name="performance"),
     path("rehearsals/", rehearsals.rehearsals_page, name="rehearsals"),
     path("rehearsals/<int:pk>/", rehearsals.rehearsal_detail, name="rehearsal"),
+    path("settings/rehearse/", rehearsals.rehearse_change, name="rehearse_change"),
     path("instances/<str:external_id>/", instances.instance_page, name="instance"),
     path("instances/<str:external_id>/act/", instances.instance_action, name="instance_action"),
     path("instances/<str:external_id>/timeline/", timeline.timeline_page, name="instance_timeline"),

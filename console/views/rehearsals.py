@@ -13,12 +13,20 @@ re-fetches itself, and once the rehearsal is done nothing announces and nothing 
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.http import Http404, HttpResponse, HttpResponseBadRequest
-from django.shortcuts import render
+from django.shortcuts import redirect, render
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
 from agent.models import Rehearsal
-from console.views.common import HtmxHttpRequest, _is_region, _page_context, page_number
+from console.views.common import (
+    HtmxHttpRequest,
+    _form_errors,
+    _is_region,
+    _page_context,
+    actor_of,
+    operator_required,
+    page_number,
+)
 
 #: rehearsals per page of the list
 ON_PAGE = 50
@@ -237,3 +245,66 @@ def rehearsal_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     if _is_region(request):
         return render(request, "console/partials/rehearsal.html", ctx)
     return render(request, "console/rehearsal.html", ctx)
+
+
+def change_words(before: tuple[dict, dict], after: tuple[dict, dict]) -> list[str]:
+    """What a settings change changes, one entry per key: ``"max_instances 4 → 6"``,
+    ``"stop_instance approval → auto"`` (``before`` and ``after``: ``(objectives, policy)`` as a day
+    file takes them)."""
+    from console.templatetags.console_extras import join_list
+
+    out = []
+    for part in (0, 1):
+        old, new = before[part], after[part]
+        for key in sorted(set(old) | set(new)):
+            if old.get(key) != new.get(key):
+                out.append(f"{key} {join_list(old.get(key, 'default'))} → {join_list(new.get(key, 'default'))}")
+    return out
+
+
+def _rehearse_answer(request, ok: bool, text: str, rehearsal=None) -> HttpResponse:
+    if request.htmx:
+        return render(request, "console/partials/rehearse_change.html",
+                      {"ok": ok, "text": text, "rehearsal": rehearsal})
+    if ok:
+        return redirect("rehearsal", rehearsal.pk)
+    return HttpResponseBadRequest(text, content_type="text/plain")
+
+
+@operator_required
+def rehearse_change(request: HtmxHttpRequest) -> HttpResponse:
+    """"Rehearse this change on yesterday" (the Settings page; operators, like saving): the settings
+    form as posted, checked as saving checks it but not saved, applied to the day file of the last
+    24 h of this installation's records (``agent.rehearse.history``), stored and started as a
+    rehearsal (``agent.actions.do_start_rehearsal``). htmx: a line linking the rehearsal's page (or
+    naming what was wrong); without JavaScript: a redirect to that page, or 400 with the error."""
+    from agent.actions import OverrideError, do_start_rehearsal, validate_overrides
+    from agent.models import SessionState
+    from agent.rehearse.day import DayFileError
+    from agent.rehearse.history import HistoryError, apply_change, day_from_history, objectives_and_policy
+    from console.views.settings import _settings_form
+
+    data = request.POST.copy()
+    if not (data.get("reason") or "").strip():
+        data["reason"] = "rehearse this change on yesterday"  # nothing is saved: no reason is owed
+    state = SessionState.get()
+    form = _settings_form(state, data)
+    if not form.is_valid():
+        return _rehearse_answer(request, False, _form_errors(form))
+    try:
+        policy, limits = validate_overrides(*form.overrides())
+        day = day_from_history(24)
+    except OverrideError as exc:
+        return _rehearse_answer(request, False, f"{exc.field}: {exc.message}")
+    except HistoryError as exc:
+        return _rehearse_answer(request, False, str(exc))
+    changed = apply_change(day, policy, limits)
+    words = change_words(objectives_and_policy(state), (changed["objectives"], changed["policy"]))
+    name = ("yesterday under " + ", ".join(words)) if words else "yesterday under the current settings"
+    changed["name"] = name[:200]
+    try:
+        row = do_start_rehearsal(changed, name, actor_of(request), form.cleaned_data["reason"],
+                                 change={"policy": policy, "limits": limits})
+    except DayFileError as exc:
+        return _rehearse_answer(request, False, str(exc))
+    return _rehearse_answer(request, True, name, rehearsal=row)
