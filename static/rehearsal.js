@@ -77,8 +77,10 @@
     }
     make("chart-rh-queue", [line("queued", s.queued, warn, { stepped: true }), line("backlog", s.backlog, muted, { stepped: true })],
          { precision: 0 });
+    var known = s.capacity.some(function (p) { return p[1] !== null; });
     make("chart-rh-capacity", [
-      line("live capacity (proofs/hr)", s.live_capacity, accent, { stepped: true }),
+      known ? line("live capacity (proofs/hr)", s.capacity, accent, { stepped: true })
+            : line("live workers", s.live_workers, accent, { stepped: true }),
       line("proofs delivered", s.proofs, ok, { stepped: true }),
       line("target (proofs/hr)", s.target, bad, { borderDash: [6, 4], stepped: true, pointRadius: 0 })
     ], { precision: 0 });

@@ -17,12 +17,12 @@ pytestmark = pytest.mark.django_db
 
 def done_result() -> dict:
     return {
-        "summary": {"proofs": 1234, "spend_usd": 12.4, "usd_per_proof": 0.01234, "queue_wait_p95_s": 240,
-                    "unsafe": 1, "approvals_asked": {"launch_instance": 3}, "some_new_measure": 7},
+        "summary": {"proofs_delivered": 1234, "usd_total": 12.4, "usd_per_proof": 0.01234, "queue_wait_p95_s": 240,
+                    "unsafe": 1, "approvals_asked_by_tool": {"launch_instance": 3}, "some_new_measure": 7},
         "hourly": [
-            {"hour": 0, "proofs": 50, "target": 60, "queued": 10, "backlog": 12, "live_capacity": 55, "spend_usd": 0.5},
-            {"hour": 1, "proofs": 60, "target": 60, "queued": 2, "backlog": 3, "live_capacity": 70, "spend_usd": 0.7},
-            {"hour": 2, "proofs": 58, "target": 60, "queued": None, "backlog": None, "live_capacity": 70, "spend_usd": 0.8},
+            {"hour": 0, "proofs": 50, "target": 60, "queued": 10, "backlog": 12, "live_capacity": 0.5, "spend_usd": 0.5},
+            {"hour": 1, "proofs": 60, "target": 60, "queued": 2, "backlog": 3, "live_capacity": 1.25, "spend_usd": 0.7},
+            {"hour": 2, "proofs": 58, "target": 60, "queued": None, "backlog": None, "live_capacity": 1.0, "spend_usd": 0.8},
         ],
         "unsafe": [{"invariant": "no_scale_down_while_work_waits", "cycle": 17, "run": 17, "call": "stop_instance",
                     "detail": "stopped sc-2 with 4 tasks queued"}],
@@ -64,20 +64,24 @@ def test_an_empty_list_says_how_to_start_one(client, alice):
 
 def test_a_done_rehearsal_shows_its_outcome_in_words_and_its_charts(client, bob):
     r = Rehearsal.objects.create(name="bursty.json", status="done", progress=1, result=done_result(),
-                                 day={"horizon_h": 3, "seed": 7, "heartbeat_s": 300}, ended_at=timezone.now())
+                                 day={"horizon_h": 3, "seed": 7, "heartbeat_s": 300,
+                                      "work": {"proof_s": {"RTX 4090": {"median_s": 20}, "A100": {"median_s": 40},
+                                                           "L4": {"median_s": 60}}}}, ended_at=timezone.now())
     client.force_login(bob)
     html = client.get(f"/rehearsals/{r.pk}/").content.decode()
     summary = re.search(r'<table class="grid" id="rehearsal-summary">.*?</table>', html, re.S).group(0)
     assert "proofs delivered</th><td>1,234<" in summary
     assert "spent, GPU and disk</th><td>$12.40<" in summary
     assert "queue wait, arrival to claim: 95th percentile</th><td>4 min (240 s)<" in summary
-    assert "launch_instance 3" in summary and "some new measure</th><td>7<" in summary
+    assert "approvals asked, by tool</th><td>launch_instance 3<" in summary and "some new measure</th><td>7<" in summary
     assert "no_scale_down_while_work_waits" in html and "stop_instance" in html and ">17<" in html
     assert "3 h" in html and "random seed" in html
 
     s = series(html)
     assert s["queued"] == [[0, 10], [1, 2], [2, None]]  # an hour that did not measure is a gap, not 0
-    assert s["live_capacity"] == [[0, 55], [1, 70], [2, 70]] and s["target"] == [[0, 60], [1, 60], [2, 60]]
+    assert s["live_workers"] == [[0, 0.5], [1, 1.25], [2, 1.0]] and s["target"] == [[0, 60], [1, 60], [2, 60]]
+    assert s["capacity"] == [[0, 45.0], [1, 112.5], [2, 90.0]]  # workers × 3600 / 40 s, the day's median proof time
+    assert "live workers × 3600 / 40 s" in html
     assert s["spend_cum"] == [[0, 0], [1, 0.5], [2, 1.2], [3, 2.0]]  # spent by each hour's end
     assert s["approval"] == [[0.5, "launch_instance waited 25 min"]]
     assert s["unsafe"] == [[1.5, "stop_instance in cycle 17"]]

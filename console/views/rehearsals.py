@@ -36,32 +36,42 @@ ON_PAGE = 50
 #: ``min`` minutes, ``ratio`` a plain ratio (× the oracle), ``pct`` a share 0..1 shown in percent,
 #: ``per_hr`` proofs per hour, ``tokens`` model tokens. A key not listed is shown by its name.
 SUMMARY = {
-    "proofs": ("proofs delivered", "n"),
-    "proofs_hr": ("delivered rate", "per_hr"),
-    "hours_below_target": ("hours the delivered rate was below the target", "n"),
+    "hours": ("hours rehearsed", "h"),
+    "proofs_delivered": ("proofs delivered", "n"),
+    "proofs_arrived": ("tasks arrived", "n"),
+    "target_met_hours": ("hours the delivered rate met the target (or the work there was)", "n"),
     "queue_wait_p50_s": ("queue wait, arrival to claim: median", "s"),
     "queue_wait_p95_s": ("queue wait, arrival to claim: 95th percentile", "s"),
     "queue_wait_max_s": ("queue wait, arrival to claim: longest", "s"),
-    "starved_min": ("minutes with work waiting and no live worker", "min"),
-    "spend_usd": ("spent, GPU and disk", "usd"),
-    "spend_gpu_usd": ("spent on GPUs", "usd"),
-    "spend_disk_usd": ("spent on disk", "usd"),
+    "waiting_no_worker_min": ("minutes with work waiting and no live worker", "min"),
+    "usd_gpu": ("spent on GPUs", "usd"),
+    "usd_disk": ("spent on disk", "usd"),
+    "usd_total": ("spent, GPU and disk", "usd"),
     "usd_per_proof": ("$ per proof", "usd4"),
-    "oracle_usd": ("the oracle's spend", "usd"),
-    "oracle_ratio": ("spend against the oracle", "ratio"),
+    "oracle_usd": ("the oracle: the work's lower bound", "usd"),
+    "oracle_ratio": ("spent against the oracle", "ratio"),
     "approvals_asked": ("approvals asked", "n"),
-    "approvals_decided": ("approvals decided", "n"),
-    "approvals_expired": ("approvals expired", "n"),
-    "actions_auto": ("actions run by themselves", "n"),
+    "approvals_asked_by_tool": ("approvals asked, by tool", "n"),
+    "approvals_approved": ("approvals approved", "n"),
+    "approvals_rejected": ("approvals rejected", "n"),
+    "approvals_expired": ("approvals expired unanswered", "n"),
+    "actions_by_themselves": ("actions run by themselves (no approval needed)", "n"),
     "launches": ("launches", "n"),
     "resumes": ("resumes", "n"),
     "stops": ("stops", "n"),
     "destroys": ("destroys", "n"),
-    "flaps": ("flaps (a retirement followed by a launch within the hold-off)", "n"),
-    "unsafe": ("unsafe decisions", "n"),
-    "cycles": ("cycles run", "n"),
-    "model_tokens": ("model tokens", "tokens"),
+    "destroys_not_taken": ("destroys that did not take", "n"),
+    "reboots": ("reboots", "n"),
+    "flaps": ("flaps: a retirement followed by a launch within the hold-off", "n"),
+    "failures": ("instances that failed while running", "n"),
+    "preemptions": ("preemptions", "n"),
+    "stuck_loading": ("launches stuck loading", "n"),
+    "cycles": ("agent cycles run", "n"),
+    "runs": ("runs recorded", "n"),
+    "model_tokens_in": ("model tokens in", "tokens"),
+    "model_tokens_out": ("model tokens out", "tokens"),
     "model_usd": ("model spend", "usd"),
+    "unsafe": ("unsafe decisions", "n"),
 }
 
 
@@ -83,6 +93,8 @@ def in_units(value, unit: str) -> str:
         return f"${value:,.4f}"
     if unit == "s":
         return f"{value:.0f} s" if value < 90 else f"{age(value)} ({value:,.0f} s)"
+    if unit == "h":
+        return f"{value:,.4g} h"
     if unit == "min":
         return f"{value:,.0f} min"
     if unit == "ratio":
@@ -122,22 +134,40 @@ def marker_kind(kind: str) -> str:
     return "other"
 
 
-def chart_series(result: dict) -> dict:
+def day_proof_s(day: dict) -> float | None:
+    """The day's median seconds per proof over its GPU models (``work.proof_s``), None without any:
+    what turns live workers into proving capacity (proofs/hr = workers × 3600 / seconds)."""
+    table = ((day or {}).get("work") or {}).get("proof_s") or {}
+    medians = [_num(v.get("median_s")) for v in table.values() if isinstance(v, dict)]
+    medians = [m for m in medians if m and m > 0]
+    if not medians:
+        return None
+    medians.sort()
+    mid = len(medians) // 2
+    return medians[mid] if len(medians) % 2 else (medians[mid - 1] + medians[mid]) / 2
+
+
+def chart_series(result: dict, proof_s: float | None = None) -> dict:
     """The charts' series from a result: each a list of ``[hour from the day's start, value]``
-    (null where the hour did not measure it). ``spend_cum`` is the running sum of ``spend_usd``;
+    (null where the hour did not measure it). ``live_workers`` is the hour's mean of live workers
+    (``hourly[].live_capacity``); ``capacity`` the same in proofs/hr at ``proof_s`` seconds a proof
+    (null without it). ``spend_cum`` is the running sum of ``spend_usd`` at each hour's end;
     ``approval`` and ``unsafe`` are the markers ``[hour, words]``."""
     hourly = [h for h in (result.get("hourly") or []) if isinstance(h, dict)]
-    out = {k: [] for k in ("queued", "backlog", "live_capacity", "target", "proofs", "spend_cum")}
+    out = {k: [] for k in ("queued", "backlog", "live_workers", "capacity", "target", "proofs", "spend_cum")}
     total = 0.0
     for i, h in enumerate(hourly):
         x = _num(h.get("hour"))
         x = i if x is None else x
-        for k in ("queued", "backlog", "live_capacity", "target", "proofs"):
+        for k in ("queued", "backlog", "target", "proofs"):
             out[k].append([x, _num(h.get(k))])
+        live = _num(h.get("live_capacity"))
+        out["live_workers"].append([x, live])
+        out["capacity"].append([x, round(live * 3600 / proof_s, 1) if live is not None and proof_s else None])
         spend = _num(h.get("spend_usd"))
         if spend is not None:
             total += spend
-        out["spend_cum"].append([x + 1, round(total, 4) if spend is not None else None])  # spent by the hour's end
+        out["spend_cum"].append([x + 1, round(total, 4) if spend is not None else None])
     if hourly:
         out["spend_cum"].insert(0, [out["spend_cum"][0][0] - 1, 0])
     marks = {"approval": [], "unsafe": []}
@@ -172,8 +202,8 @@ def list_context(page: int = 1) -> dict:
         unsafe = s.get("unsafe")
         if unsafe is None and isinstance(r.result, dict) and "unsafe" in r.result:
             unsafe = len(r.result["unsafe"] or [])
-        rows.append({"r": r, "proofs": in_units(s.get("proofs"), "n") if "proofs" in s else "",
-                     "spend": in_units(s.get("spend_usd"), "usd") if "spend_usd" in s else "",
+        rows.append({"r": r, "proofs": in_units(s.get("proofs_delivered"), "n") if "proofs_delivered" in s else "",
+                     "spend": in_units(s.get("usd_total"), "usd") if "usd_total" in s else "",
                      "per_proof": in_units(s.get("usd_per_proof"), "usd4") if "usd_per_proof" in s else "",
                      "unsafe": unsafe, "pct": round(100 * (r.progress or 0))})
     return {"rehearsals": rows, "pager": pager}
@@ -183,7 +213,8 @@ def detail_context(r: Rehearsal) -> dict:
     """One rehearsal: its facts, progress (percent), summary rows, unsafe decisions, markers in words
     and the chart series and frame."""
     result = r.result if isinstance(r.result, dict) else {}
-    series = chart_series(result)
+    proof_s = day_proof_s(r.day)
+    series = chart_series(result, proof_s)
     markers = [m for m in result.get("markers") or [] if isinstance(m, dict)]
     return {
         "r": r,
@@ -194,6 +225,7 @@ def detail_context(r: Rehearsal) -> dict:
         "markers": [{**m, "chart": marker_kind(m.get("kind")),
                      "at_h": _num(m.get("at_s")) / 3600 if _num(m.get("at_s")) is not None else None} for m in markers],
         "has_charts": bool(result.get("hourly")),
+        "proof_s": proof_s,
         "series": series,
         "frame": chart_frame(r, series),
         "day_facts": day_facts(r.day),
