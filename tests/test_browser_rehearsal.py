@@ -10,6 +10,7 @@ Real parts: daphne (``ChannelsLiveServerTestCase``), the Redis channel layer, Ch
 functions (``agent.rehearse.background``).
 """
 
+import json
 import os
 import threading
 from pathlib import Path
@@ -116,10 +117,10 @@ class TestRehearsalPageInABrowser(FleetBrowserTestCase):
                 poll(page, "document.getElementById('rehearsal')?.dataset.status", "done")
                 drawn = poll(page, """(() => {
                     if (!window.Chart) return null;
-                    const ids = %s;
+                    const ids = IDS;
                     const charts = ids.map(id => document.getElementById(id)).map(c => c && Chart.getChart(c));
                     return charts.every(Boolean) ? charts.map(ch => ch.data.datasets.map(d => [d.label, d.data.length])) : null;
-                })()""" % list(CHARTS), [
+                })()""".replace("IDS", json.dumps(list(CHARTS))), [
                     [["queued", 12], ["backlog", 12], ["approval waited", 2], ["unsafe decision", 1]],
                     [["live capacity (proofs/hr)", 12], ["proofs delivered", 12], ["target (proofs/hr)", 12],
                      ["approval waited", 2], ["unsafe decision", 1]],
