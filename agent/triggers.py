@@ -82,6 +82,19 @@ redis.call('DEL', unpack(KEYS))
 return events
 """
 _clients: dict[str, redis.Redis] = {}
+#: a stand-in for Redis and Celery (a rehearsal on the virtual clock, ``agent.rehearse.events``):
+#: when set, :func:`fire`, :func:`note_demand`, :func:`drain`, :func:`put_back`, :func:`pending`
+#: and :func:`reset` use it instead (same windows, same edges), and nothing reaches Redis or Celery
+_store = None
+
+
+def set_store(store) -> None:
+    """Route trigger state to ``store`` (None: back to Redis and Celery). ``store`` has
+    ``fire(event, window_ms) -> int`` (the Lua script's answer: -1 lead, ms until the follow-up,
+    -2 coalesced; it schedules the runs itself), ``note(key, value) -> str | None`` (the previous
+    value), ``drain() -> list[dict]``, ``put_back(events)``, ``pending() -> int`` and ``reset()``."""
+    global _store
+    _store = store
 
 
 def _redis() -> redis.Redis:
@@ -118,6 +131,12 @@ def fire(kind: str, detail: str = "", *, at: float | None = None) -> dict | None
     event = {"id": uuid.uuid4().hex[:12], "kind": kind, "priority": priority, "detail": detail[:200],
              "at": at if at is not None else time.time()}
     window_ms = int(window_s(priority) * 1000)
+    if _store is not None:
+        res = _store.fire(event, window_ms)
+        event["edge"] = "lead" if res == -1 else "follow" if res >= 0 else "coalesced"
+        if res >= 0:
+            event["delay_s"] = res / 1000
+        return event
     r = _redis()
     res = r.eval(_FIRE, 3, _key("pending"), _key(f"window:{priority}"), _key(f"follow:{priority}"),
                  json.dumps(event), window_ms)
@@ -164,8 +183,11 @@ def note_demand(demand, *, fire_events: bool = True) -> list[str]:
            "live": demand.workers_live if demand.workers_expected else None}
     fired = []
     try:
-        r = _redis()
-        prev = {k: r.eval(_NOTE, 1, _key("last_demand"), k, "" if v is None else str(v)) for k, v in now.items()}
+        if _store is not None:
+            prev = {k: _store.note(k, "" if v is None else str(v)) for k, v in now.items()}
+        else:
+            r = _redis()
+            prev = {k: r.eval(_NOTE, 1, _key("last_demand"), k, "" if v is None else str(v)) for k, v in now.items()}
         prev = {k: int(v) if v not in (None, b"") else None for k, v in prev.items()}
         edges = [
             ("queue_nonempty", prev["queued"] == 0 and (now["queued"] or 0) > 0, f"{now['queued']} task(s) queued"),
@@ -184,6 +206,8 @@ def note_demand(demand, *, fire_events: bool = True) -> list[str]:
 
 def pending() -> int:
     """How many events wait for a run."""
+    if _store is not None:
+        return _store.pending()
     return _redis().llen(_key("pending"))
 
 
@@ -193,6 +217,8 @@ def drain() -> list[dict]:
     Called by :func:`agent.loop.run_cycle` once it holds the run lock and before it observes, so an
     event that arrives later is left for the follow-up run.
     """
+    if _store is not None:
+        return _store.drain()
     raw = _redis().eval(_DRAIN, 3, _key("pending"), _key("follow:P0"), _key("follow:P1"))
     events = []
     for item in raw:
@@ -205,12 +231,17 @@ def drain() -> list[dict]:
 
 def put_back(events: list[dict]) -> None:
     """Return drained ``events`` to the front of the waiting list (their run could not start)."""
-    if events:
+    if events and _store is not None:
+        _store.put_back(events)
+    elif events:
         _redis().lpush(_key("pending"), *[json.dumps(e) for e in reversed(events)])
 
 
 def reset() -> None:
     """Forget every waiting event, window and follow-up flag (tests, benches, "Reset session")."""
+    if _store is not None:
+        _store.reset()
+        return
     r = _redis()
     r.delete(_key("pending"), _key("window:P0"), _key("window:P1"), _key("follow:P0"), _key("follow:P1"),
              _key("last_demand"))

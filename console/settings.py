@@ -418,6 +418,8 @@ WARDEN = {
     "ADMIN_PASSWORD": os.environ.get("WARDEN_ADMIN_PASSWORD") or "",
     # set by `manage.py replay` for the child it runs on a throwaway database (agent/management/commands/replay.py)
     "REPLAY_DB_DIR": os.environ.get("WARDEN_REPLAY_DB_DIR", ""),
+    # set by `manage.py rehearse` for the child it runs a day in on scratch SQLite files (agent/management/commands/rehearse.py)
+    "REHEARSE_DB_DIR": os.environ.get("WARDEN_REHEARSE_DB_DIR", ""),
 }
 
 # --- vast.ai (WARDEN_PROVIDER=vastai; fleet/providers/vastai.py) ------------------------------

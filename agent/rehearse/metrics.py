@@ -1,0 +1,152 @@
+"""What a rehearsal measures (docs/rehearse.md "What is measured") and the oracle it is scored against.
+
+:func:`measure` turns a played :class:`agent.rehearse.sim.Rehearsal` into the result stored on
+``agent.models.Rehearsal.result``: ``summary`` (the keys of :data:`SUMMARY_KEYS`), ``hourly``
+(one row per hour: proofs delivered, the target, queued and backlog at the hour's end, mean live
+workers, $ spent in the hour), ``unsafe`` and ``markers``.
+
+The oracle is the **work lower bound** (:func:`work_lower_bound`): every task's proof seconds priced
+on the offer with the cheapest $ per proof, plus one median loading period per machine the
+busiest hour needs. No schedule can spend less; ``oracle_ratio`` = spent / that bound (≥ 1 up to
+the proof-time spread; disk is left out of the bound, so a day that keeps stopped disks pays for
+them in the ratio).
+"""
+
+from __future__ import annotations
+
+import math
+
+#: the summary's keys, in the table's order
+SUMMARY_KEYS = (
+    "hours", "proofs_delivered", "proofs_arrived", "target_met_hours", "queue_wait_p50_s", "queue_wait_p95_s",
+    "queue_wait_max_s", "waiting_no_worker_min", "usd_gpu", "usd_disk", "usd_total", "usd_per_proof", "oracle_usd",
+    "oracle_ratio", "approvals_asked", "approvals_asked_by_tool", "approvals_approved", "approvals_rejected",
+    "approvals_expired", "actions_by_themselves", "launches", "resumes", "stops", "destroys", "destroys_not_taken",
+    "reboots", "flaps", "failures", "preemptions", "stuck_loading", "cycles", "runs", "model_tokens_in",
+    "model_tokens_out", "model_usd", "unsafe",
+)
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    k = max(0, min(len(values) - 1, math.ceil(q * len(values)) - 1))
+    return round(values[k], 1)
+
+
+def work_lower_bound(day, tasks) -> float:
+    """$: each task's median proof seconds on the cheapest-per-proof offer, plus one median loading
+    period per machine the busiest hour needs (``ceil(tasks that hour × proof s / 3600)``), both at
+    that offer's price (the first price of the day). 0 when the day has no offers."""
+    offers = [o for o in day.market.offers if o.gpu_name in day.work.proof_s]
+    if not offers:
+        return 0.0
+    best = min(offers, key=lambda o: o.dph * day.work.proof_s[o.gpu_name].median_s)
+    proof_s = day.work.proof_s[best.gpu_name].median_s
+    work_s = sum(proof_s * t.factor for t in tasks)
+    by_hour: dict[int, float] = {}
+    for t in tasks:
+        h = int(t.arrived // 3600)
+        by_hour[h] = by_hour.get(h, 0.0) + proof_s * t.factor
+    peak = max((math.ceil(s / 3600) for s in by_hour.values()), default=0)
+    return best.dph * (work_s + peak * day.market.loading.median_s) / 3600
+
+
+def flaps(world, hold_off_min: float) -> int:
+    """Retirements (stop, destroy) followed by a launch or resume within ``hold_off_min``."""
+    launches = sorted(world.launched_at)
+    n = 0
+    for r in world.retired_at:
+        if any(r <= t <= r + hold_off_min * 60 for t in launches):
+            n += 1
+    return n
+
+
+def measure(reh) -> dict:
+    """The result of the played rehearsal ``reh`` (see the module docstring)."""
+    from agent.models import Approval, ModelCall, Run, Step
+    from agent.policy import effective_limits
+
+    day, w = reh.day, reh.world
+    horizon = reh.horizon
+    runs = Run.objects.filter(number__gte=reh.first_run)
+    tasks = [t for t in w.tasks if t.arrived < horizon]
+    done = [t for t in tasks if t.done is not None]
+    waits = [(t.claimed if t.claimed is not None else horizon) - t.arrived for t in tasks]
+    approvals = Approval.objects.filter(run__in=runs)
+    by_tool: dict[str, int] = {}
+    for tool in approvals.values_list("tool", flat=True):
+        by_tool[tool] = by_tool.get(tool, 0) + 1
+    approved = sum(1 for m in reh.markers if m["kind"] == "approval_approved")
+    rejected = approvals.filter(status="rejected").count()
+    expired = approvals.filter(status="expired").count()
+    self_run = Step.objects.filter(run__in=runs, kind="call", outcome="executed",
+                                   tool__in=("launch_instance", "stop_instance", "resume_instance", "reboot_instance",
+                                             "destroy_instance")).count()
+    calls = ModelCall.objects.filter(run__in=runs)
+    tokens_in = sum(calls.values_list("tokens_in", flat=True))
+    tokens_out = sum(calls.values_list("tokens_out", flat=True))
+    model_usd = sum(calls.values_list("cost_usd", flat=True))
+    usd = w.gpu_usd + w.disk_usd
+    oracle = work_lower_bound(day, tasks)
+    hours = math.ceil(horizon / 3600 - 1e-9)
+    hourly = []
+    met = 0
+    for h in range(hours):
+        lo, hi = h * 3600, min(horizon, (h + 1) * 3600)
+        proofs = sum(1 for t in done if lo <= t.done < hi)
+        in_hour = [s for s in reh.samples if lo <= s["t"] < hi]
+        upto_hi = [s for s in reh.samples if s["t"] <= hi]
+        last = upto_hi[-1] if upto_hi else None
+        target = in_hour[0]["target"] if in_hour else 0.0
+        prev = [s for s in reh.samples if s["t"] <= lo]
+        spend_lo = prev[-1]["spend"] if prev else 0.0
+        spend_hi = last["spend"] if last else spend_lo
+        arrived = sum(1 for t in tasks if lo <= t.arrived < hi)
+        if proofs >= min(target * (hi - lo) / 3600, arrived) - 0.5:
+            met += 1
+        hourly.append({"hour": h, "proofs": proofs, "target": target, "arrived": arrived,
+                       "queued": last["queued"] if last else 0, "backlog": last["backlog"] if last else 0,
+                       "live_capacity": round(sum(s["live"] for s in in_hour) / len(in_hour), 2) if in_hour else 0,
+                       "spend_usd": round(spend_hi - spend_lo, 4)})
+    limits = effective_limits()
+    summary = {
+        "hours": round(horizon / 3600, 3),
+        "proofs_delivered": len(done),
+        "proofs_arrived": len(tasks),
+        "target_met_hours": met,
+        "queue_wait_p50_s": _pct(waits, 0.5),
+        "queue_wait_p95_s": _pct(waits, 0.95),
+        "queue_wait_max_s": round(max(waits), 1) if waits else None,
+        "waiting_no_worker_min": reh.no_worker_min,
+        "usd_gpu": round(w.gpu_usd, 4),
+        "usd_disk": round(w.disk_usd, 4),
+        "usd_total": round(usd, 4),
+        "usd_per_proof": round(usd / len(done), 5) if done else None,
+        "oracle_usd": round(oracle, 4),
+        "oracle_ratio": round(usd / oracle, 3) if oracle > 0 else None,
+        "approvals_asked": sum(by_tool.values()),
+        "approvals_asked_by_tool": by_tool,
+        "approvals_approved": approved,
+        "approvals_rejected": rejected,
+        "approvals_expired": expired,
+        "actions_by_themselves": self_run,
+        "launches": w.counts["launches"],
+        "resumes": w.counts["resumes"],
+        "stops": w.counts["stops"],
+        "destroys": w.counts["destroys"],
+        "destroys_not_taken": w.counts["destroys_not_taken"],
+        "reboots": w.counts["reboots"],
+        "flaps": flaps(w, float(limits.hold_off_min)),
+        "failures": w.counts["failures"],
+        "preemptions": w.counts["preemptions"],
+        "stuck_loading": w.counts["stuck_loading"],
+        "cycles": reh.cycles,
+        "runs": runs.count(),
+        "model_tokens_in": tokens_in,
+        "model_tokens_out": tokens_out,
+        "model_usd": round(model_usd, 6),
+        "unsafe": len(reh.unsafe),
+    }
+    return {"summary": summary, "hourly": hourly, "unsafe": reh.unsafe, "markers": sorted(reh.markers, key=lambda m: m["at_s"])}
