@@ -121,8 +121,8 @@ class TestRehearsalPageInABrowser(FleetBrowserTestCase):
                     const charts = ids.map(id => document.getElementById(id)).map(c => c && Chart.getChart(c));
                     return charts.every(Boolean) ? charts.map(ch => ch.data.datasets.map(d => [d.label, d.data.length])) : null;
                 })()""".replace("IDS", json.dumps(list(CHARTS))), [
-                    [["queued", 12], ["backlog", 12], ["approval waited", 2], ["unsafe decision", 1]],
-                    [["live capacity (proofs/hr)", 12], ["proofs delivered", 12], ["target (proofs/hr)", 12],
+                    [["queued", 13], ["backlog", 13], ["approval waited", 2], ["unsafe decision", 1]],
+                    [["live capacity (proofs/hr)", 13], ["proofs delivered", 13], ["target (proofs/hr)", 13],
                      ["approval waited", 2], ["unsafe decision", 1]],
                     [["$ spent", 13], ["approval waited", 2], ["unsafe decision", 1]],
                 ])
@@ -154,3 +154,44 @@ class TestRehearsalPageInABrowser(FleetBrowserTestCase):
                 assert not errors, errors
             finally:
                 browser.close()
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs /usr/bin/chromium")
+class TestRehearseThisChangeEndToEnd(FleetBrowserTestCase):
+    """Settings → "Rehearse this change on yesterday" (the last hour, to keep it short) → a real Celery
+    worker plays the day in ``manage.py rehearse``'s scratch child → the rehearsal's page follows it to
+    its outcome and charts."""
+
+    def test_an_operator_rehearses_a_change_and_watches_it_finish(self):
+        from playwright.sync_api import sync_playwright
+
+        self.start_celery_worker()
+        frames: list[str] = []
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+            try:
+                page = self.log_in(browser, "/settings/", frames)
+                page.wait_for_selector('#live-pill[data-state="live"]', timeout=15_000)
+                page.wait_for_load_state("networkidle")
+                page.fill("#f-limits__max_instances", "7")
+                page.select_option("#rehearse-hours", "1")
+                page.click("#rehearse-change-button")
+                page.wait_for_selector("#rehearse-started a", timeout=15_000)
+                assert "max_instances" in page.inner_text("#rehearse-started") and "7" in page.inner_text("#rehearse-started")
+                page.click("#rehearse-started a")
+                page.wait_for_selector("#rehearsal")
+                # the worker plays it (migrating the scratch database first): wait for the outcome
+                poll(page, "document.getElementById('rehearsal')?.dataset.status", "done", tries=2400)
+                poll(page, "!!(window.Chart && Chart.getChart(document.getElementById('chart-rh-queue')))", True)
+                summary = page.inner_text("#rehearsal-summary")
+                assert "hours rehearsed\t1 h" in summary and "unsafe decisions\t0" in summary
+                page.screenshot(path=str(SHOTS / "rehearsal-from-settings.png"), full_page=True)
+            finally:
+                browser.close()
+        pushed = sum('"rehearsals-changed"' in f for f in frames)
+        assert pushed >= 3, frames  # queued, running, progress… and done: each announced over the socket
+        row = Rehearsal.objects.get()
+        assert row.status == "done" and row.progress == 1.0 and row.day["objectives"]["max_instances"] == 7
+        assert row.started_by == "user:alice" and row.name.startswith("the last 1 h under max_instances")

@@ -78,9 +78,10 @@ def test_a_done_rehearsal_shows_its_outcome_in_words_and_its_charts(client, bob)
     assert "3 h" in html and "random seed" in html
 
     s = series(html)
-    assert s["queued"] == [[0, 10], [1, 2], [2, None]]  # an hour that did not measure is a gap, not 0
-    assert s["live_workers"] == [[0, 0.5], [1, 1.25], [2, 1.0]] and s["target"] == [[0, 60], [1, 60], [2, 60]]
-    assert s["capacity"] == [[0, 45.0], [1, 112.5], [2, 90.0]]  # workers × 3600 / 40 s, the day's median proof time
+    assert s["queued"] == [[0, 10], [1, 2], [2, None], [3, None]]  # an hour that did not measure is a gap, not 0
+    assert s["live_workers"] == [[0, 0.5], [1, 1.25], [2, 1.0], [3, 1.0]]  # steps: the last reaches the day's end
+    assert s["target"] == [[0, 60], [1, 60], [2, 60], [3, 60]]
+    assert s["capacity"] == [[0, 45.0], [1, 112.5], [2, 90.0], [3, 90.0]]  # workers × 3600 / 40 s, the day's median proof time
     assert "live workers × 3600 / 40 s" in html
     assert s["spend_cum"] == [[0, 0], [1, 0.5], [2, 1.2], [3, 2.0]]  # spent by each hour's end
     assert s["approval"] == [[0.5, "launch_instance waited 25 min"]]

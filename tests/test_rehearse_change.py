@@ -52,6 +52,15 @@ def test_without_javascript_it_goes_to_the_rehearsal_page(client, alice, broker_
     assert row.name == "yesterday under the current settings"
 
 
+def test_a_shorter_span_can_be_chosen(client, alice, broker_queue):
+    client.force_login(alice)
+    client.post("/settings/rehearse/", {**_form(client), "rehearse_hours": "6"})
+    row = Rehearsal.objects.get()
+    assert row.day["horizon_h"] == 6 and row.name == "the last 6 h under the current settings"
+    html = client.post("/settings/rehearse/", {**_form(client), "rehearse_hours": "48"}, headers=HX).content.decode()
+    assert "rehearse_hours must be 24, 6 or 1" in html and Rehearsal.objects.count() == 1
+
+
 def test_bad_input_names_the_field_and_starts_nothing(client, alice, broker_queue):
     client.force_login(alice)
     data = _form(client)

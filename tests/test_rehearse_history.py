@@ -142,3 +142,35 @@ def test_an_empty_installation_still_writes_a_day(db):
     day = day_from_history(2, now=timezone.now())
     parse_day(day)
     assert day["work"]["arrivals"]["hourly"] == [0.0, 0.0] and day["market"]["offers"] == []
+
+
+def _rehearse(*args) -> tuple[int, str, str]:
+    import io
+
+    from django.core.management import call_command
+
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.raises(SystemExit) as stop:
+        call_command("rehearse", *args, stdout=out, stderr=err)
+    return stop.value.code, out.getvalue(), err.getvalue()
+
+
+def test_the_command_writes_the_file(yesterday, tmp_path):
+    from agent.rehearse.day import load_day
+
+    target = tmp_path / "yesterday.json"
+    code, out, err = _rehearse("--from-history", "24h", "--out", str(target))
+    assert code == 0 and not err and f"wrote {target}: 24 h from " in out and "2 offer(s)" in out
+    day, raw = load_day(target)  # the day reader takes it as it is
+    assert day.horizon_h == 24 and SECRET not in target.read_text()
+    code, out, _ = _rehearse("--from-history", "90m")  # no --out: the JSON on stdout
+    assert code == 0 and json.loads(out)["horizon_h"] == 1.5
+
+
+def test_the_command_refuses_bad_input_in_one_line(db, tmp_path):
+    code, _, err = _rehearse("--from-history", "yesterday")
+    assert code == 2 and err.strip().count("\n") == 0 and "24h, 90m or 2d" in err
+    code, _, err = _rehearse("--from-history", "1h", "--out", str(tmp_path / "no" / "such" / "dir.json"))
+    assert code == 2 and "cannot write" in err and "Traceback" not in err
+    code, _, err = _rehearse()
+    assert code == 2 and "--from-history SPAN" in err

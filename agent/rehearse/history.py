@@ -379,3 +379,31 @@ def apply_change(day: dict, policy: dict, limits: dict) -> dict:
         else:
             out["policy"][key] = value
     return out
+
+
+def write_from_history(span: str, out: str | None, stdout, stderr) -> int:
+    """``manage.py rehearse --from-history SPAN [--out FILE]``: the day of the last ``span``
+    (:func:`parse_span`) written to ``out`` (a summary line on ``stdout``), or as JSON on ``stdout``
+    without it. Returns the exit status: 0 written, 2 a bad span or an unwritable file (one line on
+    ``stderr`` naming it and what to do)."""
+    from pathlib import Path
+
+    try:
+        hours = parse_span(span)
+        day = day_from_history(hours)
+    except HistoryError as exc:
+        stderr.write(f"rehearse: {exc}")
+        return 2
+    text = json.dumps(day, indent=1)
+    if not out:
+        stdout.write(text)
+        return 0
+    try:
+        Path(out).write_text(text + "\n", encoding="utf-8")
+    except OSError as exc:
+        stderr.write(f"rehearse: --out {out}: cannot write: {exc.strerror or exc}; give a writable file path")
+        return 2
+    tasks = sum(day["work"]["arrivals"]["hourly"]) + day["work"]["queued_at_start"]
+    stdout.write(f"wrote {out}: {hours:g} h from {day['start']}, {len(day['market']['offers'])} offer(s), "
+                 f"{tasks:,.0f} task(s); rehearse it with: python manage.py rehearse {out}")
+    return 0

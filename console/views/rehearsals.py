@@ -149,7 +149,8 @@ def day_proof_s(day: dict) -> float | None:
 
 def chart_series(result: dict, proof_s: float | None = None) -> dict:
     """The charts' series from a result: each a list of ``[hour from the day's start, value]``
-    (null where the hour did not measure it). ``live_workers`` is the hour's mean of live workers
+    (null where the hour did not measure it), drawn as steps: hour ``h``'s value spans ``h`` to
+    ``h + 1`` (one closing point more than there are hours). ``live_workers`` is the hour's mean of live workers
     (``hourly[].live_capacity``); ``capacity`` the same in proofs/hr at ``proof_s`` seconds a proof
     (null without it). ``spend_cum`` is the running sum of ``spend_usd`` at each hour's end;
     ``approval`` and ``unsafe`` are the markers ``[hour, words]``."""
@@ -170,6 +171,8 @@ def chart_series(result: dict, proof_s: float | None = None) -> dict:
         out["spend_cum"].append([x + 1, round(total, 4) if spend is not None else None])
     if hourly:
         out["spend_cum"].insert(0, [out["spend_cum"][0][0] - 1, 0])
+        for k in ("queued", "backlog", "live_workers", "capacity", "target", "proofs"):
+            out[k].append([out[k][-1][0] + 1, out[k][-1][1]])  # the last hour's step reaches its end
     marks = {"approval": [], "unsafe": []}
     for m in result.get("markers") or []:
         if not isinstance(m, dict) or _num(m.get("at_s")) is None:
@@ -307,7 +310,8 @@ def _rehearse_answer(request, ok: bool, text: str, rehearsal=None) -> HttpRespon
 def rehearse_change(request: HtmxHttpRequest) -> HttpResponse:
     """"Rehearse this change on yesterday" (the Settings page; operators, like saving): the settings
     form as posted, checked as saving checks it but not saved, applied to the day file of the last
-    24 h of this installation's records (``agent.rehearse.history``), stored and started as a
+    ``rehearse_hours`` (24, the default, 6 or 1) of this installation's records
+    (``agent.rehearse.history``), stored and started as a
     rehearsal (``agent.actions.do_start_rehearsal``). htmx: a line linking the rehearsal's page (or
     naming what was wrong); without JavaScript: a redirect to that page, or 400 with the error."""
     from agent.actions import OverrideError, do_start_rehearsal, validate_overrides
@@ -316,6 +320,9 @@ def rehearse_change(request: HtmxHttpRequest) -> HttpResponse:
     from agent.rehearse.history import HistoryError, apply_change, day_from_history, objectives_and_policy
     from console.views.settings import _settings_form
 
+    hours = {"24": 24, "6": 6, "1": 1}.get(request.POST.get("rehearse_hours") or "24")
+    if hours is None:
+        return _rehearse_answer(request, False, "rehearse_hours must be 24, 6 or 1 (the hours of records to rehearse)")
     data = request.POST.copy()
     if not (data.get("reason") or "").strip():
         data["reason"] = "rehearse this change on yesterday"  # nothing is saved: no reason is owed
@@ -325,14 +332,15 @@ def rehearse_change(request: HtmxHttpRequest) -> HttpResponse:
         return _rehearse_answer(request, False, _form_errors(form))
     try:
         policy, limits = validate_overrides(*form.overrides())
-        day = day_from_history(24)
+        day = day_from_history(hours)
     except OverrideError as exc:
         return _rehearse_answer(request, False, f"{exc.field}: {exc.message}")
     except HistoryError as exc:
         return _rehearse_answer(request, False, str(exc))
     changed = apply_change(day, policy, limits)
     words = change_words(objectives_and_policy(state), (changed["objectives"], changed["policy"]))
-    name = ("yesterday under " + ", ".join(words)) if words else "yesterday under the current settings"
+    span = "yesterday" if hours == 24 else f"the last {hours} h"
+    name = f"{span} under " + (", ".join(words) if words else "the current settings")
     changed["name"] = name[:200]
     try:
         row = do_start_rehearsal(changed, name, actor_of(request), form.cleaned_data["reason"],
