@@ -54,8 +54,8 @@ from agent.rehearse.day import MAX_HORIZON_H, parse_day
 GPU_STATES = ("running",)
 FAILED_STATES = ("exited", "error", "offline")
 #: the spans ``--from-history`` takes: ``24h``, ``90m``, ``2d``
-SPAN = re.compile(r"^\s*(\d{1,4}(?:\.\d{1,3})?)\s*([mhd])\s*$")
-TASK_TYPE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,31}$")
+SPAN = re.compile(r"(\d{1,4}(?:\.\d{1,3})?) ?([mhd])")
+TASK_TYPE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,31}")
 
 
 class HistoryError(ValueError):
@@ -65,12 +65,12 @@ class HistoryError(ValueError):
 def parse_span(text: str) -> float:
     """``"24h"`` / ``"90m"`` / ``"2d"`` as hours (``--from-history``); :class:`HistoryError` naming the
     text otherwise, or when it is not between 1 minute and 7 days."""
-    m = SPAN.match(str(text or ""))
+    m = SPAN.fullmatch(str(text or "").strip()[:20])
     if not m:
         raise HistoryError(f"--from-history takes a span such as 24h, 90m or 2d; got {str(text)[:40]!r}")
     hours = float(m.group(1)) * {"m": 1 / 60, "h": 1, "d": 24}[m.group(2)]
     if not 1 / 60 <= hours <= MAX_HORIZON_H:
-        raise HistoryError(f"--from-history {text.strip()}: the span must be between 1m and {MAX_HORIZON_H // 24}d")
+        raise HistoryError(f"--from-history {str(text).strip()}: the span must be between 1m and {MAX_HORIZON_H // 24}d")
     return hours
 
 
@@ -140,7 +140,7 @@ def _work(start, end, hours: int, secrets: list[str]) -> tuple[dict, dict]:
         level = in_system.get(h)
         growth = (level[-1] - level[0]) if level else 0
         arrivals.append(round(max(0.0, proofs[h] + growth), 1))
-    names = Counter(n for *_, n in credits if n and TASK_TYPE.match(n) and _clean_name(n, secrets, 32))
+    names = Counter(n for *_, n in credits if n and TASK_TYPE.fullmatch(n) and _clean_name(n, secrets, 32))
     task_type = names.most_common(1)[0][0] if names else "PoRep"
     seconds: dict[str, list[float]] = defaultdict(list)
     for _, gpu, s, _ in credits:
