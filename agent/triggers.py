@@ -91,7 +91,7 @@ _store = None
 def set_store(store) -> None:
     """Route trigger state to ``store`` (None: back to Redis and Celery). ``store`` has
     ``fire(event, window_ms) -> int`` (the Lua script's answer: -1 lead, ms until the follow-up,
-    -2 coalesced; it schedules the runs itself), ``note(key, value) -> str | None`` (the previous
+    -2 coalesced; it schedules the runs itself), ``note(key, value) -> bytes | None`` (the previous
     value), ``drain() -> list[dict]``, ``put_back(events)``, ``pending() -> int`` and ``reset()``."""
     global _store
     _store = store

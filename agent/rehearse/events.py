@@ -23,7 +23,7 @@ class VirtualTriggers:
         self.events: list[dict] = []
         self.window_until: dict[str, float] = {}
         self.follow_until: dict[str, float] = {}
-        self.last: dict[str, str] = {}
+        self.last: dict[str, bytes] = {}
         self.due: list[float] = []
         self.fired = 0
 
@@ -46,9 +46,10 @@ class VirtualTriggers:
             return int(ttl * 1000)
         return -2
 
-    def note(self, key: str, value: str) -> str | None:
+    def note(self, key: str, value: str) -> bytes | None:
+        """Remember ``value`` under ``key``; the previous one as Redis answers it (bytes, or None)."""
         prev = self.last.get(key)
-        self.last[key] = value
+        self.last[key] = value.encode()
         return prev
 
     def drain(self) -> list[dict]:

@@ -2,8 +2,8 @@
 
 :func:`measure` turns a played :class:`agent.rehearse.sim.Rehearsal` into the result stored on
 ``agent.models.Rehearsal.result``: ``summary`` (the keys of :data:`SUMMARY_KEYS`), ``hourly``
-(one row per hour: proofs delivered, the target, queued and backlog at the hour's end, mean live
-workers, $ spent in the hour), ``unsafe`` and ``markers``.
+(one row per hour: proofs delivered, tasks arrived, the target, queued and backlog at the
+hour's end, mean live workers, $ spent in the hour and the GPU part of it), ``unsafe`` and ``markers``.
 
 The oracle is the **work lower bound** (:func:`work_lower_bound`): every task's proof seconds priced
 on the offer with the cheapest $ per proof, plus one median loading period per machine the
@@ -21,7 +21,7 @@ SUMMARY_KEYS = (
     "hours", "proofs_delivered", "proofs_arrived", "target_met_hours", "queue_wait_p50_s", "queue_wait_p95_s",
     "queue_wait_max_s", "waiting_no_worker_min", "usd_gpu", "usd_disk", "usd_total", "usd_per_proof", "oracle_usd",
     "oracle_ratio", "approvals_asked", "approvals_asked_by_tool", "approvals_approved", "approvals_rejected",
-    "approvals_expired", "actions_by_themselves", "launches", "resumes", "stops", "destroys", "destroys_not_taken",
+    "approvals_expired", "actions_by_themselves", "launches", "late_launches", "resumes", "stops", "destroys", "destroys_not_taken",
     "reboots", "flaps", "failures", "preemptions", "stuck_loading", "cycles", "runs", "model_tokens_in",
     "model_tokens_out", "model_usd", "unsafe",
 )
@@ -103,13 +103,15 @@ def measure(reh) -> dict:
         prev = [s for s in reh.samples if s["t"] <= lo]
         spend_lo = prev[-1]["spend"] if prev else 0.0
         spend_hi = last["spend"] if last else spend_lo
+        gpu_lo = prev[-1]["gpu"] if prev else 0.0
+        gpu_hi = last["gpu"] if last else gpu_lo
         arrived = sum(1 for t in tasks if lo <= t.arrived < hi)
         if proofs >= min(target * (hi - lo) / 3600, arrived) - 0.5:
             met += 1
         hourly.append({"hour": h, "proofs": proofs, "target": target, "arrived": arrived,
                        "queued": last["queued"] if last else 0, "backlog": last["backlog"] if last else 0,
                        "live_capacity": round(sum(s["live"] for s in in_hour) / len(in_hour), 2) if in_hour else 0,
-                       "spend_usd": round(spend_hi - spend_lo, 4)})
+                       "spend_usd": round(spend_hi - spend_lo, 4), "spend_gpu_usd": round(gpu_hi - gpu_lo, 4)})
     limits = effective_limits()
     summary = {
         "hours": round(horizon / 3600, 3),
@@ -133,6 +135,7 @@ def measure(reh) -> dict:
         "approvals_expired": expired,
         "actions_by_themselves": self_run,
         "launches": w.counts["launches"],
+        "late_launches": w.counts["late_launches"],
         "resumes": w.counts["resumes"],
         "stops": w.counts["stops"],
         "destroys": w.counts["destroys"],
@@ -149,4 +152,4 @@ def measure(reh) -> dict:
         "model_usd": round(model_usd, 6),
         "unsafe": len(reh.unsafe),
     }
-    return {"summary": summary, "hourly": hourly, "unsafe": reh.unsafe, "markers": sorted(reh.markers, key=lambda m: m["at_s"])}
+    return {"summary": summary, "hourly": hourly, "unsafe": reh.unsafe, "markers": sorted([*reh.markers, *w.marks], key=lambda m: m["at_s"])}

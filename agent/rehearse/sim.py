@@ -14,7 +14,8 @@ plays it on the virtual clock:
 - the market and the work move between those moments (``agent.rehearse.world.DayWorld``), and the
   provider and demand source the product reads are the world's (the ``scenario`` ones, extended).
 
-After every cycle the run's records are checked for unsafe decisions (``agent.rehearse.unsafe``).
+After every cycle the run's records are checked for unsafe decisions (``agent.rehearse.unsafe``:
+the product's ``agent.invariants`` and the world's truth at each retirement).
 Returns the outcome in the shape ``agent.models.Rehearsal.result`` documents.
 """
 
@@ -270,14 +271,14 @@ class Rehearsal:
         last one, at the horizon, counts no minute)."""
         w = self.world
         demand, _ = w.demand_view()
-        waiting = demand["queued"] + demand["backlog"]
+        waiting = len(w.queue) + len(w.backlog) + len(w.orphans)  # due work only (not the "soon" backlog)
         live = demand["workers_live"]
         if count and waiting and not live:
             self.no_worker_min += 1
         from agent.models import SessionState
 
         self.samples.append({"t": w.t, "queued": demand["queued"], "backlog": demand["backlog"], "live": live,
-                             "spend": w.gpu_usd + w.disk_usd,
+                             "spend": w.gpu_usd + w.disk_usd, "gpu": w.gpu_usd,
                              "target": float(SessionState.objects.values_list("target_proofs_hr", flat=True).first() or 0)})
 
     # --- the day -------------------------------------------------------------------------------
@@ -324,6 +325,13 @@ class Rehearsal:
                     self.progress(frac)
         self.move_to(self.horizon)
         self.sample(count=False)
+        from agent.models import Run
+
+        final = self.checker.final(Run.objects.filter(number__gte=self.first_run))
+        self.unsafe += final
+        for v in final:
+            self.markers.append({"at_s": round(self.horizon), "kind": "unsafe",
+                                 "detail": f"{v['invariant']}: run {v['run']} call {v['call']}: {v['detail']}"})
         if self.progress is not None:
             self.progress(1.0)
 

@@ -74,6 +74,8 @@ class Machine:
     task: Task | None = None
     gone: float | None = None  # destroyed at
     stopped: bool = False
+    stuck: bool = False  # a launch that never leaves loading
+    launched: bool = False  # rented during the day (not the starting fleet)
     epoch: int = 0  # bumps on every change, so stale scheduled events are skipped
     events: list = field(default_factory=list)
 
@@ -163,6 +165,9 @@ class DayWorld:
         self.tasks: list[Task] = []
         self.orphans: dict[int, tuple[Task, float]] = {}  # owned by a dead worker: task, requeue time
         self.idle: set[str] = set()  # live workers with no task
+        self.idle_q: deque[str] = deque()  # the same, in the order they became idle (stale entries skipped)
+        self.busy = 0  # machines whose worker holds a task
+        self._rates: tuple[float, float] | None = None  # (GPU $/hr, disk $/hr) of the fleet; None: recount
         self.idle_since: float | None = 0.0
         self.proof_samples: deque[float] = deque(maxlen=50)
         self.loading_samples: list[float] = []
@@ -171,9 +176,11 @@ class DayWorld:
         self.prices = {o.gpu_name: o.dph for o in m.offers}
         self.offer_spec = {o.gpu_name: o for o in m.offers}
         self.counts = {"launches": 0, "resumes": 0, "stops": 0, "destroys": 0, "reboots": 0,
-                       "destroys_not_taken": 0, "failures": 0, "preemptions": 0, "stuck_loading": 0}
+                       "destroys_not_taken": 0, "failures": 0, "preemptions": 0, "stuck_loading": 0,
+                       "late_launches": 0}
         self.retired_at: list[float] = []
         self.retire_log: list[dict] = []
+        self.marks: list[dict] = []  # the day's events for the charts: {"at_s", "kind", "detail"}
         self.launched_at: list[float] = []
         self.gpu_usd = 0.0
         self.disk_usd = 0.0
@@ -255,6 +262,7 @@ class DayWorld:
         disk = (spec.disk_gb * spec.disk_usd_gb_month / HOURS_PER_MONTH) if spec else 0.0
         mach = Machine(id=iid, gpu=gpu, dph=dph, disk_dph=disk, interruptible=bool(spec and spec.interruptible), born=self.t)
         self.machines[iid] = mach
+        self._rates = None
         return mach
 
     # --- the provider's calls ------------------------------------------------------------------
@@ -265,14 +273,17 @@ class DayWorld:
         self.advance_to(self.now_s())
         self._spend_to(self.now_s())
         self.counts["launches"] += 1
+        self.mark("launch", f"{iid} {inst['gpu_name']} at ${inst['dph']:g}/hr")
         self.launched_at.append(self.now_s())
         inst["dph"] = float(self.prices.get(inst["gpu_name"], inst["dph"]))
         self.provider.ssh[iid] = HEALTHY_SSH
         mach = self._machine(iid, inst["gpu_name"], inst["dph"])
         mach.born = self.now_s()
+        mach.launched = True
         m = self.day.market
         if self.rng_load.random() < m.stuck_loading_fraction:
             self.counts["stuck_loading"] += 1
+            mach.stuck = True
             return
         took = lognormal(self.rng_load, m.loading.median_s, m.loading.p95_s)
         self._at(self.now_s() + took, "loaded", iid, mach.epoch)
@@ -281,6 +292,7 @@ class DayWorld:
         self.advance_to(self.now_s())
         self._spend_to(self.now_s())
         self.counts["stops"] += 1
+        self.mark("stop", iid)
         self.retired_at.append(self.now_s())
         mach = self.machines.get(iid)
         if mach is None:
@@ -292,18 +304,21 @@ class DayWorld:
         self.advance_to(self.now_s())
         self._spend_to(self.now_s())
         self.counts["resumes"] += 1
+        self.mark("resume", iid)
         self.launched_at.append(self.now_s())
         mach = self.machines.get(iid)
         if mach is None:
             return
         self._worker_down(mach, hard=True)
         mach.stopped = False
+        self._rates = None
         mach.epoch += 1
         self._at(self.now_s() + self.day.market.resume_s, "loaded", iid, mach.epoch)
 
     def rebooted(self, iid: str) -> None:
         self.advance_to(self.now_s())
         self.counts["reboots"] += 1
+        self.mark("reboot", iid)
         mach = self.machines.get(iid)
         if mach is None:
             return
@@ -315,6 +330,10 @@ class DayWorld:
         self._at(self.now_s() + self.day.work.worker_start_s, "worker", iid, mach.epoch)
         self._schedule_failure(mach)
 
+    def mark(self, kind: str, detail: str) -> None:
+        self.marks.append({"at_s": round(self.now_s() if kind in ("launch", "resume", "stop", "destroy", "reboot", "destroy_not_taken") else self.t),
+                           "kind": kind, "detail": detail})
+
     def note_retire(self, call: str, iid: str) -> None:
         """Record what the world was when ``call`` retired ``iid`` (``retire_log``, for the unsafe
         checks): its worker live or starting, owning a task; work waiting; an expected worker dead."""
@@ -322,8 +341,15 @@ class DayWorld:
         mach = self.machines.get(iid)
         inst = self.provider.instances.get(iid) or {}
         live = bool(mach and mach.worker_live_at is not None and not mach.worker_dead)
-        starting = bool(mach and not live and not mach.worker_dead and inst.get("status") in ("loading", "scheduling", "running")
-                        and inst.get("intended_status") == "running")
+        from agent.policy import effective_limits
+
+        limit_s = 60 * float(effective_limits().provisioning_limit_min)
+        # starting: it will come up — not stuck, and not loading past the provisioning limit (the
+        # policy calls that terminal, and replacing it is no scale-down)
+        starting = bool(mach and not live and not mach.worker_dead and not mach.stuck
+                        and inst.get("status") in ("loading", "scheduling", "running")
+                        and inst.get("intended_status") == "running"
+                        and not (inst.get("status") == "loading" and self.now_s() - mach.born >= limit_s))
         dead = sum(1 for m in self.machines.values() if m.gone is None and m.worker_dead
                    and (self.provider.instances.get(m.id) or {}).get("status") == "running"
                    and (self.provider.instances.get(m.id) or {}).get("intended_status") == "running" and m.id != iid)
@@ -335,17 +361,20 @@ class DayWorld:
         fails = self.rng_destroy.random() < self.day.market.destroy_fails_fraction
         if fails:
             self.counts["destroys_not_taken"] += 1
+            self.mark("destroy_not_taken", "the provider accepted a destroy that did not take")
         return fails
 
     def destroyed(self, iid: str, inst: dict) -> None:
         self.advance_to(self.now_s())
         self._spend_to(self.now_s())
         self.counts["destroys"] += 1
+        self.mark("destroy", iid)
         self.retired_at.append(self.now_s())
         mach = self.machines.get(iid)
         if mach is not None:
             self._worker_down(mach, hard=True)
             mach.gone = self.now_s()
+            self._rates = None
             mach.epoch += 1
         gpu = inst.get("gpu_name", "")
         self.provider.offers.append({"id": f"{gpu.replace(' ', '-')}-back-{iid}", "gpu_name": gpu,
@@ -355,7 +384,7 @@ class DayWorld:
     def _worker_up(self, mach: Machine) -> None:
         mach.worker_dead = False
         mach.last_heartbeat = self.t
-        self.idle.add(mach.id)
+        self._set_idle(mach.id)
         if self.backlog:  # a node that can claim them is alive: Curio adds the queue rows
             self.queue.extend(self.backlog)
             self.backlog.clear()
@@ -367,13 +396,20 @@ class DayWorld:
         mach.worker_live_at = None if hard else mach.worker_live_at
         mach.worker_dead = True
         self.idle.discard(mach.id)
+        self._rates = None
         if mach.task is not None:
+            self.busy -= 1
             task, mach.task = mach.task, None
             task.owner = f"dead:{mach.id}"
             self.orphans[task.id] = (task, self.t + self.day.work.looks_dead_s)
             self._at(self.t + self.day.work.looks_dead_s, "requeue", task.id)
         if was_live:
             mach.last_heartbeat = self.t
+
+    def _set_idle(self, iid: str) -> None:
+        if iid not in self.idle:
+            self.idle.add(iid)
+            self.idle_q.append(iid)
 
     def _schedule_failure(self, mach: Machine) -> None:
         m = self.day.market
@@ -391,20 +427,22 @@ class DayWorld:
 
     def _claim(self) -> None:
         while self.queue and self.idle:
-            iid = min(self.idle)
+            iid = self.idle_q.popleft()
+            if iid not in self.idle:
+                continue  # it stopped being idle since it was queued
             self.idle.discard(iid)
             mach = self.machines[iid]
             task = self.queue.popleft()
             task.claimed = task.claimed if task.claimed is not None else self.t
             task.owner = iid
             mach.task = task
+            self.busy += 1
             took = self._proof_s(mach, task)
             self._at(self.t + took, "proved", (iid, task.id, took), mach.epoch)
         self._idle_mark()
 
     def _idle_mark(self) -> None:
-        busy = bool(self.queue or self.backlog or self.orphans) or any(
-            m.task is not None for m in self._live_machines())
+        busy = bool(self.queue or self.backlog or self.orphans or self.busy)
         if busy:
             self.idle_since = None
         elif self.idle_since is None:
@@ -422,17 +460,17 @@ class DayWorld:
     # --- time ------------------------------------------------------------------------------------
     def _spend_to(self, t: float) -> None:
         """Charge GPU $ for every instance rented and not stopped (loading included), disk $ for
-        every instance that exists, from the last charge to ``t``."""
+        every instance that exists, from the last charge to ``t``. The fleet's $/hr is recounted
+        only after the fleet changed, so a proof costs nothing here whatever the fleet size."""
         dt = t - self._spent_to
         if dt <= 0:
             return
+        if self._rates is None:
+            live = [m for m in self.machines.values() if m.gone is None]
+            self._rates = (sum(m.dph for m in live if not m.stopped), sum(m.disk_dph for m in live))
         hours = dt / 3600.0
-        for mach in self.machines.values():
-            if mach.gone is not None:
-                continue
-            self.disk_usd += mach.disk_dph * hours
-            if not mach.stopped:
-                self.gpu_usd += mach.dph * hours
+        self.gpu_usd += self._rates[0] * hours
+        self.disk_usd += self._rates[1] * hours
         self._spent_to = t
 
     def advance_to(self, t: float) -> None:
@@ -492,7 +530,11 @@ class DayWorld:
         mach = self._current(iid, epoch)
         if mach is None:
             return
+        first = mach.last_heartbeat is None
         mach.worker_live_at = self.t
+        if first and mach.launched and not (self.queue or self.backlog or self.orphans):
+            self.counts["late_launches"] += 1  # it came up after the work it was launched for was gone
+            self.mark("late_launch", f"{iid} came up with no work waiting")
         self._worker_up(mach)
 
     def _on_stopped(self, iid, epoch) -> None:
@@ -502,6 +544,7 @@ class DayWorld:
             return
         self._worker_down(mach, hard=True)
         mach.stopped = True
+        self._rates = None
         inst["status"] = "stopped"
 
     def _on_fail(self, iid, epoch) -> None:
@@ -510,6 +553,7 @@ class DayWorld:
         if mach is None or inst is None or inst["status"] != "running":
             return
         self.counts["failures"] += 1
+        self.mark("failure", iid)
         self._worker_down(mach, hard=True)
         mach.epoch += 1
         inst["status"], inst["status_msg"] = "exited", "the container exited (code 137)"
@@ -520,14 +564,17 @@ class DayWorld:
         if mach is None or inst is None or inst["status"] != "running":
             return
         self.counts["preemptions"] += 1
+        self.mark("preemption", iid)
         self._worker_down(mach, hard=True)
         mach.epoch += 1
         inst["status"], inst["status_msg"] = "exited", "preempted: an interruptible instance was outbid"
 
     def _on_deaths(self, d, _epoch) -> None:
         live = sorted(self._live_machines(), key=lambda m: m.id)
-        for mach in live[: d.count if d.count is not None else len(live)]:
+        dying = live[: d.count if d.count is not None else len(live)]
+        for mach in dying:
             self._worker_down(mach, hard=False)
+        self.mark("worker_deaths", f"{len(dying)} worker(s) died")
 
     def _on_proved(self, payload, epoch) -> None:
         iid, tid, took = payload
@@ -536,8 +583,9 @@ class DayWorld:
             return
         mach.task.done = self.t
         mach.task = None
+        self.busy -= 1
         self.proof_samples.append(took)
-        self.idle.add(iid)
+        self._set_idle(iid)
         self._claim()
 
     def _on_requeue(self, tid, _epoch) -> None:
