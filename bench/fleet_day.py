@@ -20,8 +20,12 @@ The days (built here, in the day file's schema):
 - ``10x24h``: 10 RTX 4090 running at the start, 300 s a proof (12 proofs/hr a worker), a target
   of 120 proofs/hr and 110 tasks arriving every hour; caps 12 instances, $10/hr.
 - ``1000x24h``: 600 running at the start and a target of 7,200 proofs/hr (600 workers); from hour
-  8 to 16 the target is 12,000 (1,000 workers) and 11,800 tasks arrive an hour (7,000 outside it);
-  caps 1,000 instances, $500/hr, 500 launches in 600 s. ``--peak N`` scales it (start 60 % of N).
+  8 the target climbs 16 workers every 6 minutes to 12,000 (1,000 workers, reached at 10.5 h) and
+  back to 7,200 at hour 16; 11,760 tasks arrive an hour from 8 to 16 (6,984 outside); caps 1,000
+  instances, $500/hr, 500 launches in 600 s. ``--peak N`` scales it (start 60 % of N). The climb
+  is in steps because the ``rules`` planner proposes every missing launch in one batch and the
+  pipeline refuses a batch of more than 16 calls whole (``batch_too_large``): a jump of the need
+  by 400 workers launches nothing at all (this bench found it; docs/rehearse.md, "Speed").
 
 Usage::
 
@@ -77,8 +81,11 @@ def big_day(hours: float, peak: int) -> dict:
                  "arrivals": {"hourly": [round(base * per_worker * 0.97)] * 8 + [round(peak * per_worker * 0.98)] * 8
                               + [round(base * per_worker * 0.97)] * 8},
                  "proof_s": {"RTX 4090": {"median_s": PROOF_S, "spread": 0.1}}},
-        "operator": {"target_changes": [{"at_h": 8, "target_proofs_hr": peak * per_worker},
-                                        {"at_h": 16, "target_proofs_hr": base * per_worker}]},
+        # the target climbs 16 workers at a time, every 6 minutes: the rules planner proposes every missing
+        # launch in one batch, and a batch of more than 16 calls is refused whole (agent.pipeline.MAX_BATCH_CALLS)
+        "operator": {"target_changes": [{"at_h": round(8 + 0.1 * k, 2), "target_proofs_hr": min(peak, base + 16 * (k + 1)) * per_worker}
+                                        for k in range(-(-(peak - base) // 16))]
+                     + [{"at_h": 16, "target_proofs_hr": base * per_worker}]},
         "objectives": {"target_proofs_hr": base * per_worker, "max_instances": peak, "max_dph": round(peak * 0.5),
                        "launch_rate": [min(1000, max(6, peak // 2)), 600]},
     }

@@ -122,3 +122,17 @@ def test_unknown_rehearsal_is_404_and_anonymous_goes_to_login(client, alice):
     client.force_login(alice)
     assert client.get("/rehearsals/999999/").status_code == 404
     assert client.post("/rehearsals/").status_code == 405
+
+
+def test_a_big_day_lists_its_key_markers_and_counts_the_rest(client, alice, settings):
+    from console.views import rehearsals
+
+    result = done_result()
+    result["markers"] += [{"at_s": 60 * i, "kind": "launch", "detail": f"sc-{i}"} for i in range(300)]
+    r = Rehearsal.objects.create(name="big", status="done", result=result)
+    client.force_login(alice)
+    html = client.get(f"/rehearsals/{r.pk}/").content.decode()
+    table = re.search(r'<table class="grid" id="rehearsal-markers">.*?</table>', html, re.S).group(0)
+    assert table.count("<tr class=") == rehearsals.MARKERS_SHOWN
+    assert "launch_instance waited 25 min" in table and "stop_instance in cycle 17" in table  # the key ones, always
+    assert f"Not listed: {300 - (rehearsals.MARKERS_SHOWN - 2)} launch" in html

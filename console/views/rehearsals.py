@@ -10,6 +10,8 @@ this view puts in the page as JSON. A running rehearsal's progress is stored on 
 re-fetches itself, and once the rehearsal is done nothing announces and nothing is fetched.
 """
 
+from collections import Counter
+
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.http import Http404, HttpResponse, HttpResponseBadRequest
@@ -30,6 +32,8 @@ from console.views.common import (
 
 #: rehearsals per page of the list
 ON_PAGE = 50
+#: the most markers listed on a rehearsal's page (the rest are counted by kind)
+MARKERS_SHOWN = 200
 
 #: the summary's metrics in words, in the order shown: key of ``result["summary"]`` → (words, unit).
 #: Units: ``n`` a count, ``usd`` dollars, ``usd4`` dollars to 4 places ($ per proof), ``s`` seconds,
@@ -57,6 +61,7 @@ SUMMARY = {
     "approvals_expired": ("approvals expired unanswered", "n"),
     "actions_by_themselves": ("actions run by themselves (no approval needed)", "n"),
     "launches": ("launches", "n"),
+    "late_launches": ("launches whose worker came up after the work had drained", "n"),
     "resumes": ("resumes", "n"),
     "stops": ("stops", "n"),
     "destroys": ("destroys", "n"),
@@ -219,6 +224,13 @@ def detail_context(r: Rehearsal) -> dict:
     proof_s = day_proof_s(r.day)
     series = chart_series(result, proof_s)
     markers = [m for m in result.get("markers") or [] if isinstance(m, dict)]
+    # approvals, unsafe decisions and target changes in full; launches, retirements and faults (a big
+    # day has thousands) up to MARKERS_SHOWN in all, the rest counted by kind
+    key = [m for m in markers if marker_kind(m.get("kind")) != "other" or m.get("kind") == "target"]
+    rest = [m for m in markers if m not in key]
+    room = max(0, MARKERS_SHOWN - len(key))
+    hidden = Counter(str(m.get("kind")) for m in rest[room:])
+    markers = sorted(key + rest[:room], key=lambda m: _num(m.get("at_s")) or 0)
     return {
         "r": r,
         "pct": round(100 * max(0.0, min(1.0, r.progress or 0))),
@@ -227,6 +239,7 @@ def detail_context(r: Rehearsal) -> dict:
         "unsafe": [u for u in result.get("unsafe") or [] if isinstance(u, dict)],
         "markers": [{**m, "chart": marker_kind(m.get("kind")),
                      "at_h": _num(m.get("at_s")) / 3600 if _num(m.get("at_s")) is not None else None} for m in markers],
+        "markers_hidden": sorted(hidden.items()),
         "has_charts": bool(result.get("hourly")),
         "proof_s": proof_s,
         "series": series,
