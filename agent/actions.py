@@ -712,3 +712,23 @@ def do_save_notification_settings(user, *, email: str, webhook_ref: str, kinds: 
     do_audit(actor, "notification_settings", f"user:{user.get_username()}", "", before,
              {"email": prefs.email, "webhook_ref": prefs.webhook_ref, "kinds": prefs.kinds})
     return prefs
+
+
+@transaction.atomic
+def do_start_rehearsal(day: dict, name: str, actor: str, reason: str = "", change: dict | None = None):
+    """Store a rehearsal of ``day`` (a day file's JSON, docs/rehearse.md) as ``queued`` and enqueue its
+    playing once this commits (``agent.tasks.rehearse``: a throwaway database, progress and outcome
+    stored on the row). ``name`` says what is rehearsed ("yesterday under max_instances 4 → 6");
+    ``change`` is the change under test (``{"policy": {...}, "limits": {...}}``), audited with it.
+    The day is checked first: ``agent.rehearse.day.DayFileError`` (one line) and nothing stored.
+    Audited as ``start_rehearsal``; announces ``rehearsals-changed``. Returns the ``Rehearsal`` row."""
+    from agent.models import Rehearsal
+    from agent.rehearse.day import parse_day
+    from agent.tasks import start_rehearsal
+
+    parse_day(day, "the day to rehearse")
+    row = Rehearsal.objects.create(name=redact(str(name or "rehearsal"))[:200], day=day, started_by=str(actor)[:150])
+    do_audit(actor, "start_rehearsal", f"rehearsal:{row.pk}", reason, None, {"name": row.name, "change": change or {}})
+    emit("rehearsals-changed")
+    start_rehearsal(row.pk)
+    return row

@@ -152,3 +152,20 @@ def diagnose_instances(instance_pks: list, workers: dict | None = None, timeout_
     views = {int(pk): SimpleNamespace(**w) for pk, w in (workers or {}).items() if w}
     instances = list(Instance.objects.filter(pk__in=instance_pks, killed_at__isnull=True))
     return len(run(instances, workers=views, timeout_s=timeout_s))
+
+
+@shared_task(name="agent.tasks.rehearse", acks_late=False, soft_time_limit=3 * 3600, time_limit=3 * 3600 + 60)
+def rehearse(pk: int) -> str:
+    """Play the stored rehearsal ``pk`` (``agent.models.Rehearsal``, queued by
+    ``agent.actions.do_start_rehearsal``) on a throwaway database in a child process, storing its
+    progress and outcome on the row (``agent.rehearse.background.play_stored``). Returns the final
+    status, ``""`` when the row is gone or was already played. Not retried: a redelivery would play
+    the day twice (``acks_late`` off), and a failure is stored on the row, not raised."""
+    from agent.rehearse.background import play_stored
+
+    return play_stored(pk)
+
+
+def start_rehearsal(pk: int) -> None:
+    """Enqueue the playing of rehearsal ``pk`` once the current transaction commits."""
+    transaction.on_commit(lambda: rehearse.delay(pk))

@@ -25,7 +25,7 @@ CLOSE_UNAUTHENTICATED = 4401
 #: the topics of pages every signed-in user sees (viewers see every console page)
 CONSOLE_TOPICS = frozenset({"fleet-changed", "demand-changed", "runs-changed", "chat-changed", "approvals-changed",
                             "alerts-changed", "actions-changed", "settings-changed",
-                            "memory-changed"})
+                            "memory-changed", "rehearsals-changed"})
 #: the topics each role's socket receives (``console.users`` defines the roles)
 ROLE_TOPICS = {
     "viewer": CONSOLE_TOPICS,

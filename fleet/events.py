@@ -9,7 +9,8 @@ streamed frames to the console the same way, at once.
 Trigger events (:func:`trigger`) go to the agent the same way, on :data:`happened`.
 
 Topics: fleet-changed, demand-changed, runs-changed, chat-changed, approvals-changed,
-alerts-changed, actions-changed, settings-changed, users-changed (superusers' sockets only:
+alerts-changed, actions-changed, settings-changed, rehearsals-changed (a rehearsal started,
+advanced or ended), users-changed (superusers' sockets only:
 ``console.consumers.ROLE_TOPICS``).
 """
 

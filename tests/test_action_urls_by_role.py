@@ -20,7 +20,7 @@ pytestmark = pytest.mark.django_db(databases=["default", "harmony"])
 #: not side-effect routes: pages that only read (tests/test_roles.py checks who sees them), the health
 #: check, and Django's sign-in/sign-out views (the admin is an include, not a pattern here)
 NOT_ACTIONS = {"dashboard", "fleet", "runs", "run", "export_scenario", "instance_timeline", "approvals", "alerts", "actions", "instance", "traces", "users",
-            "memory", "performance", "healthz", "login", "logout"}
+            "memory", "performance", "rehearsals", "rehearsal", "healthz", "login", "logout"}
 
 
 def routes(approval_pk: int, alert_pk: int, user_pk: int) -> dict[str, tuple[str, dict, str]]:
@@ -40,6 +40,7 @@ def routes(approval_pk: int, alert_pk: int, user_pk: int) -> dict[str, tuple[str
         "diagnose_now": ("/instances/v-2/diagnose/", {}, "operator"),
         "api_instance_action": ("/api/instances/v-2/reboot/", {"reason": "x"}, "operator"),
         "settings": ("/settings/", {"reason": "x", "limits__max_dph": "1"}, "operator"),
+        "rehearse_change": ("/settings/rehearse/", {"limits__max_dph": "1"}, "operator"),
         "set_observe_only": ("/actions/observe-only/", {"on": "1"}, "operator"),
         "reset_session": ("/actions/reset/", {"confirm": "yes"}, "operator"),
         "set_target": ("/actions/target/", {"target": "5"}, "operator"),

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from agent import chat_answer, report, untrusted
 from agent.planners.base import parse_verdict, verdict_blocks, without_verdicts
+from agent.rehearse import history
 from fleet import diagnostics, secrets
 from fleet.providers import local, vastai
 from fleet.secrets import MARK, redact
@@ -89,7 +90,8 @@ def _module_patterns(module) -> list[tuple[str, re.Pattern]]:
     return found
 
 
-PATTERNS = [p for m in (secrets, untrusted, report, diagnostics, local, chat_answer, vastai) for p in _module_patterns(m)]
+PATTERNS = [p for m in (secrets, untrusted, report, diagnostics, local, chat_answer, vastai, history)
+            for p in _module_patterns(m)]
 # patterns built at the call site from an escaped value (agent/breakers.py, agent/report.py)
 DYNAMIC = [
     ("agent.breakers._error_message", re.compile(rf"(?<![\w-]){re.escape('v-1042')}(?![\w-])")),
@@ -107,12 +109,13 @@ DYNAMIC = [
 #: way to match); agent/management/commands/replay.py: a temporary folder's name, digits between
 #: fixed words; agent/model_client.py: a context-length error's window, fixed words, at most 8
 #: non-digits, then digits; agent/chat_answer.py: a run number after "run", at most 3 spaces;
-#: console/templatetags/sentences.py: an instance or run path, bounded classes after fixed words)
+#: console/templatetags/sentences.py: an instance or run path, bounded classes after fixed words;
+#: agent/rehearse/history.py: a span such as 24h and a Curio task name, bounded digits and classes)
 CALL_SITES = {"agent/breakers.py": 1, "agent/report.py": 3, "agent/untrusted.py": 20, "fleet/diagnostics.py": 8,
               "fleet/providers/local.py": 1, "fleet/providers/vastai.py": 5, "fleet/secrets.py": 10, "agent/replay/file_format.py": 4,
               "console/settings.py": 2, "fleet/numbers.py": 2, "agent/management/commands/replay.py": 1,
               "agent/chat_answer.py": 2, "agent/memory.py": 3, "agent/model_client.py": 1,
-              "console/templatetags/sentences.py": 1}
+              "console/templatetags/sentences.py": 1, "agent/rehearse/history.py": 2}
 
 
 def test_every_regex_call_site_is_audited():

@@ -10,7 +10,7 @@ from tests.scenario_world import entry, scenario_world
 
 pytestmark = pytest.mark.django_db
 
-PAGES = ["/", "/fleet/", "/runs/", "/approvals/", "/alerts/", "/actions/", "/settings/", "/traces/", "/performance/", "/instances/v-1/"]
+PAGES = ["/", "/fleet/", "/runs/", "/approvals/", "/alerts/", "/actions/", "/settings/", "/traces/", "/performance/", "/rehearsals/", "/instances/v-1/"]
 
 
 @pytest.fixture

@@ -97,11 +97,13 @@ class Command(BaseCommand):
     requires_migrations_checks = False
 
     def add_arguments(self, parser):
-        parser.add_argument("file", help="the day JSON file")
+        parser.add_argument("file", nargs="?", help="the day JSON file")
         parser.add_argument("--json", action="store_true", help="print the result(s) as JSON")
         parser.add_argument("--compare", metavar="OTHER.json", help="also play the day under this file's objectives and policy")
         parser.add_argument("--planner", choices=["rules", "llm"], help="override the file's planner")
         parser.add_argument("--hours", help="override the horizon (hours, more than 0 and at most 168)")
+        parser.add_argument("--from-history", metavar="SPAN", help="write a day file from this installation's records of the last SPAN (24h, 90m, 2d) instead")
+        parser.add_argument("--out", metavar="FILE", help="with --from-history: the file to write (default: stdout)")
         parser.add_argument("--child-out", help=self._hidden())
         parser.add_argument("--child-progress", help=self._hidden())
 
@@ -120,6 +122,12 @@ class Command(BaseCommand):
 
         if settings.WARDEN.get("REHEARSE_DB_DIR"):
             raise SystemExit(self._child(opts))
+        if opts["from_history"] is not None:
+            from agent.rehearse.history import write_from_history
+
+            raise SystemExit(write_from_history(opts["from_history"], opts["out"], self.stdout, self.stderr))
+        if not opts["file"]:
+            self._fail("give a day file (DAY.json), or --from-history SPAN to write one")
         path = opts["file"]
         try:
             _, raw = load_day(path)
