@@ -30,6 +30,7 @@ from datetime import timedelta
 from agent.capacity import SIZING_SLACK, draining, per_worker_rate  # noqa: F401 (re-exported)
 from agent.guards import last_launch_at
 from agent.lifecycle import from_machine, is_terminal, recent_rejection
+from agent.pipeline import MAX_BATCH_CALLS
 from agent.planners.base import Planner, Proposal, Turn
 from agent.policy import policy_for
 from fleet.clock import clock
@@ -231,6 +232,7 @@ class RulesPlanner(Planner):
             if p.tool == "launch_instance" or k not in seen:  # several identical launches are wanted
                 seen.add(k)
                 unique.append(p)
+        unique = _within_one_batch(unique)
         return Turn(calls=unique, batch=len(unique) > 1)
 
     def repair_turn(self, world, proposed: set[str], remembered: frozenset = frozenset()) -> Turn:
@@ -346,3 +348,22 @@ class RulesPlanner(Planner):
 
             return Turn(text=state_answer(ctx) + "\n" + _verdict(bool(side), bool(side)))
         return Turn(text=" ".join(parts) + " " + _verdict(bool(side), bool(side)))
+
+
+def _within_one_batch(calls: list[Proposal]) -> list[Proposal]:
+    """At most :data:`agent.pipeline.MAX_BATCH_CALLS` calls, the launches cut first: a batch larger
+    than that is refused whole (``batch_too_large``), so a need of 400 new workers proposed at once
+    launched none. The launches left out are proposed again by the next cycle's sizing, which
+    counts the ones this batch started."""
+    if len(calls) <= MAX_BATCH_CALLS:
+        return calls
+    others = [p for p in calls if p.tool != "launch_instance"]
+    room = max(0, MAX_BATCH_CALLS - len(others))
+    kept, out = 0, []
+    for p in calls:
+        if p.tool == "launch_instance":
+            if kept >= room:
+                continue
+            kept += 1
+        out.append(p)
+    return out[:MAX_BATCH_CALLS]
