@@ -31,6 +31,11 @@ sources are each project's server docs and issue trackers):
 - ``openrouter``: ``GET /v1/models`` reports ``context_length`` (its failed answers, a 200
   carrying an ``error`` object, are recorded responses).
 
+``responder`` (tests): a callable given each request's JSON body that returns the entry to
+serve (any of the shapes above), in place of the ``responses`` list — a scripted model that
+answers what it is asked. ``models``: the model names served; a request for another answers 404
+with OpenAI's ``model_not_found`` error (the shape vLLM and OpenRouter also use).
+
 ``context`` (tokens): a request whose messages and tools (JSON, 4 characters a token) plus
 ``max_tokens`` exceed it answers 400 in that server's words ("maximum context length", "exceeds
 the available context size").
@@ -79,11 +84,13 @@ class StandIn:
     SERVERS = ("generic", "llamacpp", "openai", "vllm", "ollama", "openrouter")
 
     def __init__(self, responses: list, *, chunk_delay_s: float = 0.0, server: str = "generic",
-                 context: int | None = None):
+                 context: int | None = None, responder=None, models=None):
         if server not in self.SERVERS:
             raise ValueError(f"unknown server kind {server!r}; use one of {', '.join(self.SERVERS)}")
         self.server = server
         self.context = context
+        self.responder = responder
+        self.models = set(models) if models is not None else None
         self.chunk_delay_s = chunk_delay_s
         self.responses = list(responses)
         self.requests: list[dict] = []
@@ -118,6 +125,9 @@ class StandIn:
         """``(status, error body)`` when this server kind refuses the request ``body``, else ``None``."""
         tools = body.get("tools") or []
         msgs = body.get("messages") or []
+        if self.models is not None and body.get("model") not in self.models:
+            return 404, {"error": {"message": f"The model `{body.get('model')}` does not exist or you do not have access to it.",
+                                   "type": "invalid_request_error", "param": None, "code": "model_not_found"}}
         if self.context is not None:
             used = -(-len(json.dumps(msgs) + json.dumps(tools)) // 4) + int(body.get("max_tokens") or 0)
             if used > self.context:
@@ -163,6 +173,8 @@ class StandIn:
         with self._lock:
             self.requests.append(body)
             self.headers.append(headers)
+            if self.responder is not None:
+                return self.responder(body)
             if self._next >= len(self.responses):
                 return None
             entry = self.responses[self._next]
@@ -217,7 +229,7 @@ class StandIn:
                 refused = standin.refusal(body)
                 if refused is not None:
                     with standin._lock:  # the server refused it: the recorded answer stays for the next request
-                        if entry is not None:
+                        if entry is not None and standin.responder is None:
                             standin._next -= 1
                     self._send(*refused)
                     return

@@ -349,3 +349,48 @@ class Rehearsal(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
+
+
+
+class ModelEvaluation(models.Model):
+    """One scorecard of a model over the incident scenarios (``manage.py evaluate-model``,
+    docs/model.md "Evaluating a model").
+
+    ``model``/``base_url`` name what was evaluated (the key is a reference and is not stored).
+    ``cases`` distinct cases, each played ``repeat`` times: ``plays``. ``safe``: plays with no
+    invariant broken and no must-never call dispatched; ``right``: plays whose expected effective
+    calls happened, of ``judged`` (plays whose case states them); ``refused``: the model's calls
+    the rails refused; ``crashes``: plays that crashed; ``tokens``, ``cost_usd`` (dollars at the
+    price settings) and ``wall_s`` (seconds) over every play. ``result`` is the whole evaluation
+    as ``--json`` prints it.
+    """
+
+    model = models.CharField(max_length=120)
+    base_url = models.CharField(max_length=500)
+    created_at = models.DateTimeField(db_index=True)
+    repeat = models.PositiveIntegerField(default=1)
+    cases = models.PositiveIntegerField(default=0)
+    plays = models.PositiveIntegerField(default=0)
+    safe = models.PositiveIntegerField(default=0)
+    right = models.PositiveIntegerField(default=0)
+    judged = models.PositiveIntegerField(default=0)
+    refused = models.PositiveIntegerField(default=0)
+    crashes = models.PositiveIntegerField(default=0)
+    tokens = models.PositiveIntegerField(default=0)
+    cost_usd = models.FloatField(default=0.0)
+    wall_s = models.FloatField(default=0.0)
+    result = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def words(self) -> str:
+        """The standing in one line: "evaluated 2026-12-01: safe 60/60, right 41/60, refusals 73, $0.84"."""
+        crashes = f", {self.crashes} crashed" if self.crashes else ""
+        return (f"evaluated {self.created_at:%Y-%m-%d}: safe {self.safe}/{self.plays}, right {self.right}/{self.judged}, "
+                f"refusals {self.refused}, ${self.cost_usd:.2f}{crashes}")
+
+    @classmethod
+    def latest_for(cls, model: str, base_url: str) -> "ModelEvaluation | None":
+        """The newest evaluation of ``model`` at ``base_url`` (``None``: never evaluated)."""
+        return cls.objects.filter(model=model, base_url=base_url).order_by("-created_at", "-id").first()

@@ -421,10 +421,12 @@ def execute(tc, step: Step, spec, args: dict, key: str, *, outcome: str = "execu
         # the trace names the call before it is claimed: a worker that dies mid-call leaves a step
         # the claim's settlement can find (agent.claims) and an operator can read
         step.idempotency_key = key
+        # what the call is dispatched on, for the invariant checks (agent.invariants)
+        step.facts = {**(step.facts or {}), "at_call": _call_facts(tc, spec.name, args)}
         if step.pk is None:
             step.save(force_insert=True)
         else:
-            step.save(update_fields=["idempotency_key", "args", "call_reason"])
+            step.save(update_fields=["idempotency_key", "args", "call_reason", "facts"])
         try:
             claim = claims.open_claim(key=key, tool=spec.name, args=args, instance_ref=str(args.get(spec.instance_arg or "", "")),
                                       actor=tc.actor, reason=str(args.get("reason", "")))
@@ -473,6 +475,18 @@ def execute(tc, step: Step, spec, args: dict, key: str, *, outcome: str = "execu
                     severity="P1", key=f"prompt_injection:{tc.run.number}:{spec.name}")
     emit("runs-changed")
     return step
+
+
+def _call_facts(tc, tool: str, args: dict) -> dict:
+    """``agent.invariants.call_facts`` for this call; a record that cannot be made says why and
+    never stops the call."""
+    from agent.invariants import call_facts
+
+    try:
+        return call_facts(tc.world, tool, args, tc.actor)
+    except Exception as exc:  # noqa: BLE001 — a record, never a reason for the call to fail
+        log.warning("could not record the facts of %s: %s", tool, exc)
+        return {"error": f"{type(exc).__name__}: {exc}"[:200]}
 
 
 def _failed(tc, step: Step, claim, exc, t0: float) -> Step:
