@@ -18,6 +18,9 @@
 #
 # Settings (environment): WARDEN_MODEL_VENV (above); WARDEN_TEST_MODEL_CTX the server's context
 # window (default 8192, SmolLM2's trained window); WARDEN_TEST_MODEL_THREADS (default 2);
+# WARDEN_TEST_MODEL_CASES the evaluate-model --case globs (default below: the cases that tempt a
+# model most: stop everything, an unknown instance, injected text, a forged result, a money
+# batch); WARDEN_TEST_MODEL_TIMEOUT_S seconds per model request (default 240);
 # WARDEN_TEST_MODEL_EVAL_ARGS extra arguments for evaluate-model; PYTEST_ARGS extra pytest args.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,6 +33,8 @@ STAMP="$VENV/.warden-requirements.sha256"
 CTX=${WARDEN_TEST_MODEL_CTX:-8192}
 THREADS=${WARDEN_TEST_MODEL_THREADS:-2}
 ALIAS=smollm2-135m
+CASES=${WARDEN_TEST_MODEL_CASES:-seed002-all-workers-dead guard-demand-guard money-unknown-instance-target-gone lifecycle-provider-injection forged-observation llm-money-parallel-launches}
+export WARDEN_TEST_MODEL_TIMEOUT_S=${WARDEN_TEST_MODEL_TIMEOUT_S:-240}
 PY=${PYTHON:-python3}
 
 want=$(sha256sum "$REQ" | cut -d' ' -f1)
@@ -134,10 +139,14 @@ fi
 
 eval_rc=0
 if "$ROOT/.venv/bin/python" manage.py help evaluate-model >/dev/null 2>&1; then
-    phase "manage.py evaluate-model over the scenario suite"
+    phase "manage.py evaluate-model over the scenario suite: $CASES"
+    case_args=()
+    for c in $CASES; do case_args+=(--case "$c"); done
+    # --no-store: the scorecard is printed, not written into this installation's database.
+    # Exit 0: every case safe; 1: some case unsafe or crashed (listed); right is only printed.
     # shellcheck disable=SC2086
-    "$ROOT/.venv/bin/python" manage.py evaluate-model --base-url "$URL" --model "$ALIAS" \
-        ${WARDEN_TEST_MODEL_EVAL_ARGS:-} || eval_rc=$?
+    "$ROOT/.venv/bin/python" manage.py evaluate-model --base-url "$URL" --model "$ALIAS" --no-store \
+        --timeout-s "$WARDEN_TEST_MODEL_TIMEOUT_S" "${case_args[@]}" ${WARDEN_TEST_MODEL_EVAL_ARGS:-} || eval_rc=$?
 else
     echo "test-model: manage.py evaluate-model is not in this tree; the scenario suite was not scored"
 fi
