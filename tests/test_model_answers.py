@@ -527,6 +527,7 @@ REAL_TIMEOUT_S = float(os.environ.get("WARDEN_TEST_MODEL_TIMEOUT_S", "240"))
 
 @pytest.mark.model
 @pytest.mark.skipif(not REAL, reason="WARDEN_TEST_MODEL_URL is not set")
+@pytest.mark.timeout(4 * REAL_TIMEOUT_S)  # a CPU server may time out once and be asked again
 @pytest.mark.django_db
 def test_a_real_server_accepts_the_request_shape_with_a_call_in_the_history():
     """The shape the stand-in's quirks test, against the real thing: tools with tool_choice, a
@@ -547,6 +548,7 @@ def test_a_real_server_accepts_the_request_shape_with_a_call_in_the_history():
 
 @pytest.mark.model
 @pytest.mark.skipif(not REAL, reason="WARDEN_TEST_MODEL_URL is not set")
+@pytest.mark.timeout(4 * REAL_TIMEOUT_S)  # a CPU server may time out once and be asked again
 @pytest.mark.django_db
 def test_a_real_server_refuses_a_prompt_beyond_its_window_as_context_length():
     """A prompt longer than the server's window (``WARDEN_TEST_MODEL_CONTEXT``, the ``--n_ctx``

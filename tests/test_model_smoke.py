@@ -17,7 +17,9 @@ from agent.prompt import system_prompt
 URL = os.environ.get("WARDEN_TEST_MODEL_URL", "")
 TIMEOUT_S = float(os.environ.get("WARDEN_TEST_MODEL_TIMEOUT_S", "240"))
 
-pytestmark = [pytest.mark.model, pytest.mark.skipif(not URL, reason="WARDEN_TEST_MODEL_URL is not set")]
+# a CPU server may time out once and be asked again: more than pytest's default 300 s per test
+pytestmark = [pytest.mark.model, pytest.mark.skipif(not URL, reason="WARDEN_TEST_MODEL_URL is not set"),
+              pytest.mark.timeout(4 * TIMEOUT_S)]
 
 
 @pytest.mark.django_db
