@@ -95,6 +95,9 @@ stop_server() {
 }
 finish() {
     local rc=$?
+    # a second signal must not cut the cleanup short; llama_cpp.server does not stop on SIGTERM
+    # while it computes an answer, hence the SIGKILL after 10 s
+    trap '' INT TERM HUP
     stop_server
     echo "test-model: wall time $((SECONDS - started)) s (exit $rc; server log $LOG)"
     exit $rc
