@@ -13,7 +13,7 @@ TEST_REDIS_URL := $(or $(REDIS_URL),redis://127.0.0.1:6379/0)
 # test_<name>_gwN and Redis db (REDIS_URL's db + N) (tests/conftest.py). TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 
-.PHONY: run test test-slow venv venv-dev bootstrap stop lint vendor
+.PHONY: run test test-slow test-model venv venv-dev bootstrap stop lint vendor
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,14 @@ test: venv-dev
 test-slow: venv-dev
 	DATABASE_URL="$(TEST_DATABASE_URL)" HARMONY_DATABASE_URL="$(TEST_HARMONY_DATABASE_URL)" REDIS_URL="$(TEST_REDIS_URL)" \
 		$(BIN)/pytest -m slow $(PYTEST_ARGS)
+
+# A small real model in the tests (docs/model.md, "A real model in the tests"): builds its own
+# virtual environment once (outside the clone, WARDEN_MODEL_VENV, default
+# ~/.cache/warden/model-venv; llama.cpp from source, 8-15 minutes on 2 cores), serves
+# SmolLM2-135M on a free loopback port, runs the tests marked `model` and evaluate-model against it.
+test-model: venv-dev
+	DATABASE_URL="$(TEST_DATABASE_URL)" HARMONY_DATABASE_URL="$(TEST_HARMONY_DATABASE_URL)" REDIS_URL="$(TEST_REDIS_URL)" \
+		PYTHON="$(PYTHON)" bash tests/test-model.sh
 
 stop: venv
 	$(BIN)/python manage.py bootstrap --stop-workers --stop-redis

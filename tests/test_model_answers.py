@@ -520,17 +520,21 @@ def test_breaker_tripped_is_one_alert_per_code_with_a_count_resolved_by_a_clean_
 
 # --- a real server, when one is named ------------------------------------------------------------
 REAL = os.environ.get("WARDEN_TEST_MODEL_URL", "")
+REAL_NAME = os.environ.get("WARDEN_TEST_MODEL_NAME", "local")
+#: seconds per request against the real server (a loaded 2-core machine is slow to read a prompt)
+REAL_TIMEOUT_S = float(os.environ.get("WARDEN_TEST_MODEL_TIMEOUT_S", "240"))
 
 
 @pytest.mark.model
 @pytest.mark.skipif(not REAL, reason="WARDEN_TEST_MODEL_URL is not set")
+@pytest.mark.timeout(4 * REAL_TIMEOUT_S)  # a CPU server may time out once and be asked again
 @pytest.mark.django_db
 def test_a_real_server_accepts_the_request_shape_with_a_call_in_the_history():
     """The shape the stand-in's quirks test, against the real thing: tools with tool_choice, a
     history holding an assistant call (content ""), streamed; each answer is an answer or a
     recorded failed request, never an exception other than ModelError."""
     run = _run()
-    cfg = ModelConfig(base_url=REAL, model=os.environ.get("WARDEN_TEST_MODEL_NAME", "local"), timeout_s=180, max_tokens=64)
+    cfg = ModelConfig(base_url=REAL, model=REAL_NAME, timeout_s=REAL_TIMEOUT_S, max_tokens=64)
     for messages in (HISTORY[:2], HISTORY):
         try:
             reply = chat(cfg, messages, tool_schemas(), run=run, on_delta=lambda k, t: None)
@@ -540,6 +544,27 @@ def test_a_real_server_accepts_the_request_shape_with_a_call_in_the_history():
         assert turn.text is not None or turn.calls
     assert ModelCall.objects.filter(run=run).exclude(status__in=["http_500"]).exists()
     assert context_window(cfg) > 0
+
+
+@pytest.mark.model
+@pytest.mark.skipif(not REAL, reason="WARDEN_TEST_MODEL_URL is not set")
+@pytest.mark.timeout(4 * REAL_TIMEOUT_S)  # a CPU server may time out once and be asked again
+@pytest.mark.django_db
+def test_a_real_server_refuses_a_prompt_beyond_its_window_as_context_length():
+    """A prompt longer than the server's window (``WARDEN_TEST_MODEL_CONTEXT``, the ``--n_ctx``
+    the server runs with; 8,192 unless said) is a ``context_length`` failure the planner shrinks
+    for, not a transient error retried three times; the window is the one the answer names when
+    it names one (llama-cpp-python's and vLLM's "maximum context length is N tokens";
+    llama-server's wording names none). The server tokenizes and refuses before it evaluates."""
+    window = int(os.environ.get("WARDEN_TEST_MODEL_CONTEXT", "8192"))
+    run = _run()
+    cfg = ModelConfig(base_url=REAL, model=REAL_NAME, timeout_s=REAL_TIMEOUT_S, max_tokens=16)
+    with pytest.raises(ModelError) as raised:
+        chat(cfg, [{"role": "user", "content": "fleet " * (window + 512)}], [], run=run)
+    assert raised.value.kind == "context_length" and raised.value.attempts == 1
+    assert raised.value.window in (None, window)
+    [call] = ModelCall.objects.filter(run=run)
+    assert call.status in ("http_400", "http_413")
 
 
 # --- 8. demand is not STALE while the run that read it is still at work ---------------------------
