@@ -1,4 +1,4 @@
-"""Faults against the real stack, several times each; prints one table (issue 11 §3).
+"""Faults against the real stack, several times each; prints one table (docs/faults.md, bench/README.md).
 
 Every run starts its own PostgreSQL cluster and redis-server (``bench/stack.py``: initdb +
 pg_ctl on a free port, as the ``postgres`` user when run as root; redis-server with no
