@@ -1,4 +1,4 @@
-"""Issue 12 §1 in a real browser, at desktop width (1280 px) and at phone width (390 px): what the
+"""The console as a new user met it, in a real browser, at desktop width (1280 px) and at phone width (390 px): what the
 new user hit, checked where the operator sees it.
 
 - no page is wider than the screen at 390 px (the fleet table was 627 px);

@@ -301,7 +301,7 @@ def test_a_launch_does_not_read_demand_again(tmp_path):
 
 @pytest.mark.django_db(transaction=True)
 def test_approved_launches_of_one_batch_do_not_block_each_other(tmp_path):
-    """SCENARIOS.md: launch_pending — "calls of the same batch do not count". Two P1 launches in one
+    """docs/contract.md: launch_pending — "calls of the same batch do not count". Two P1 launches in one
     batch, both parked and approved: both run (the second is re-checked at dispatch, when the first
     one is already loading)."""
     data = _load("guard-launch-pending-near-miss")

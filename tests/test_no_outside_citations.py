@@ -28,7 +28,7 @@ OUTSIDE = [
     ("the shared folder", r"\.\./shared\b|\bshared/(?:cases|seeds|reference|hooks)\b"),
     ("a seed by its number or file", r"\bseeds? 0\d\d\b|\bseeds/|\b0\d\d_[0-9a-f]{16}\b"),
     ("an issue by its number", r"\bissues? #?\d+\b"),
-    ("a section of an outside document", r"§"),
+    ("a section of an outside document", r"§|\\u00a7"),
 ]
 PATTERN = re.compile("|".join(f"(?:{p})" for _, p in OUTSIDE), re.IGNORECASE)
 
