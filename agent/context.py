@@ -1,3 +1,4 @@
+# Over 500 lines on purpose: budget, units, summary and repeat reminder build one history in one pass.
 """The context builder for a model planner: the session's trace as chat messages, within a budget.
 
 :func:`build_context` turns the Step rows of the current epoch (``SessionState.epoch``) into

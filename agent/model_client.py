@@ -1,3 +1,4 @@
+# Over 500 lines on purpose: config, request, retries, streaming and the record share one error taxonomy.
 """The model endpoint: configuration, the API key resolved at use, one chat-completions call with
 retries, and its record (:class:`agent.models.ModelCall`).
 

@@ -1,3 +1,4 @@
+# Over 500 lines on purpose: the pipeline's stages in the order a call passes them (docs/contract.md).
 """The tool pipeline: every proposed call passes the same stages, in this order.
 
 allowlist (``unknown_tool``) → policy ``forbidden`` (``forbidden_tool``, halts) → argument

@@ -1,3 +1,4 @@
+# Over 500 lines on purpose: each fault of docs/faults.md on one shared real stack, one table.
 """Faults against the real stack, several times each; prints one table (docs/faults.md, bench/README.md).
 
 Every run starts its own PostgreSQL cluster and redis-server (``bench/stack.py``: initdb +

@@ -1,4 +1,5 @@
-"""Warden settings: every knob comes from the environment (README lists them all).
+# Over 500 lines on purpose: every WARDEN_* setting is read here and only here (docs/settings.md).
+"""Warden settings: every knob comes from the environment (docs/settings.md lists them all).
 
 Bad values stop the process with one line that names the setting and what to do
 (raised as ``SystemExit``), so daphne, Celery and ``manage.py`` all fail the same way.

@@ -1,3 +1,4 @@
+# Over 500 lines on purpose: one scenario and near miss per guard code, so coverage is checked in one place.
 """The structural guards and approvals, replayed: one scenario per reason code and a near miss for each.
 
 Every ``guard-*``, ``order-*``, ``terminal-*`` and ``rules-*`` file in tests/scenarios/ runs through

@@ -1,3 +1,4 @@
+# Over 500 lines on purpose: the replay format (docs/replay.md) read top to bottom; REASON_CODES the one list.
 """The scenario file: its shape, its limits, and how a file is read and checked.
 
 A replay file (``docs/replay.md``) is read by :func:`load_scenario`, which refuses anything it

@@ -1,3 +1,4 @@
+# Over 500 lines on purpose: queue, backlog, workers and rates read from one snapshot of Curio's tables.
 """Demand from Curio's HarmonyDB tables (a real Curio, or the local demo queue).
 
 Reads the unmanaged models of ``fleet.harmony`` through the ORM on alias ``harmony``, so the

@@ -1,3 +1,4 @@
+# Over 500 lines on purpose: one provider: calls, status mapping, pacing, adoption share a client.
 """The ``vastai`` provider: rented GPU instances on vast.ai.
 
 Calls go through the official ``vastai`` package (``vastai.api.instances``, ``vastai.api.offers``
