@@ -2,7 +2,7 @@
 
 Each action writes its :class:`~agent.models.AuditLog` row and announces change topics after
 commit (``fleet.events.emit``), so the UI, CLI, Celery tasks and the agent's tool layer all log
-and push the same way (Zulip's ``zerver/actions`` pattern, reference/style.md §1.2).
+and push the same way (Zulip's ``zerver/actions`` pattern: one door for writes).
 """
 
 import hashlib
@@ -20,7 +20,7 @@ class EffectNotRecorded(Exception):
     """The effect happened, recording its outcome failed (a database error after the provider
     acted). The message says what happened; the intent audit row and the open claim stand, and
     the next cycle settles the claim against the provider (``agent.claims``). Never shown as a
-    failure: an error page must not hide an effect (issue 11 §1.4). ``applied`` is False when
+    failure: an error page must not hide an effect (docs/safety.md, Side effects). ``applied`` is False when
     the intent was recorded but applying it failed (Warden re-applies it next cycle)."""
 
     def __init__(self, message: str, *, applied: bool = True):
@@ -171,7 +171,7 @@ def do_instance_action(inst, action: str, *, actor: str, reason: str = "") -> No
     """Stop, resume, reboot or destroy ``inst`` through its provider; audit and announce.
 
     ``action``: stop | resume | reboot | destroy. A destroy counts only once a re-list confirms
-    the instance is gone (autoscalers.md rule 9): then it is marked killed; until then
+    the instance is gone (an autoscaler counts a deletion only once the provider no longer lists it): then it is marked killed; until then
     ``destroy_requested_at`` is set and the monitor keeps checking. Raises ``ProviderError``.
     """
     from fleet.providers import get_provider
@@ -199,7 +199,7 @@ def _record_instance_action(provider, inst, action: str, *, actor: str, reason: 
         inst.intended_status = "destroyed"
         inst.destroy_requested_at = now
         fields.append("destroy_requested_at")
-    # a re-list says what the action did (and confirms a destroy: autoscalers.md rule 9)
+    # a re-list says what the action did (and confirms a destroy: gone only once it is no longer listed)
     try:
         listed = {pi.external_id: pi for pi in provider.list_instances()}
     except Exception:  # noqa: BLE001 — unconfirmed; the next sync and the monitor re-check
@@ -230,7 +230,7 @@ def do_reset_session(actor: str, reason: str = "") -> SessionState:
     messages promoted to long-term memory, ``agent.memory.flush_buffer``).
 
     The anchor keeps the run-id sequence, the objectives, the target, the overrides and the fleet
-    snapshot; long-term memory stays (seed 002: run ids must not restart after a reset). The
+    snapshot; long-term memory stays (run ids must not restart after a reset: docs/agent.md). The
     console asks first, server-side (``console.views.settings.reset_session``: a confirmation step
     that says what is kept and cleared, and works without JavaScript).
     """
@@ -264,7 +264,7 @@ OVERRIDABLE = {"demand_guard", "hold_off"}
 
 
 class ActionRefused(Exception):
-    """An operator action was refused by a guard: ``code`` (SCENARIOS.md reason code), ``detail``.
+    """An operator action was refused by a guard: ``code`` (a reason code of docs/contract.md), ``detail``.
 
     ``status`` is the HTTP status the API answers with (428 for ``diagnosis_required``).
     """
@@ -339,7 +339,7 @@ def do_operator_instance_action(inst, action: str, *, actor: str, reason: str, o
 def check_text(field: str, value, *, required: bool = False, limit: int = 2000) -> str:
     """``value`` stripped, or ValueError naming ``field`` when it is not storable text.
 
-    Refused before any effect (issue 11 §1.4): not a string, a NUL byte (PostgreSQL cannot store
+    Refused before any effect (docs/secrets.md, Text operators type): not a string, a NUL byte (PostgreSQL cannot store
     it), a lone surrogate such as ``\\ud800`` (not encodable as UTF-8), longer than ``limit``
     characters, or empty when ``required``.
     """
@@ -364,7 +364,7 @@ def check_text(field: str, value, *, required: bool = False, limit: int = 2000) 
 def do_cordon(inst, on: bool, *, actor: str, reason: str = "") -> int:
     """Cordon (or uncordon) ``inst``'s Curio worker: it drains and takes no new tasks.
 
-    The cordon is Warden's state (``Instance.cordoned``, issue 11 §1.8): recorded with its audit
+    The cordon is Warden's state (``Instance.cordoned``, docs/curio.md): recorded with its audit
     row (intent) in one transaction before the worker is touched, then applied to the worker
     (``harmony_machines.unschedulable``) and to the provider (the local provider starts the worker
     cordoned), and re-applied after every reboot, resume and re-registration (``fleet.cordon``).
@@ -430,7 +430,7 @@ LIMIT_RANGES = {
     "diagnosis_fresh_min": ("float", 1, 1440),
     "approval_expiry_min": ("float", 1, 10_080),
     "provisioning_limit_min": ("float", 5, 10_080),
-    # the lifecycle numbers (agent.lifecycle); SCENARIOS.md: minutes at most 10^6
+    # the lifecycle numbers (agent.lifecycle); minutes at most 10^6 (docs/replay.md, Bounds)
     "offline_grace_min": ("float", 0, 1_000_000),
     "claim_max_age_min": ("float", 0, 1_000_000),
     "rejection_hold_min": ("float", 0, 1_000_000),
@@ -618,7 +618,7 @@ SILENCE_CHOICES = (15, 60, 240, 1440)
 @transaction.atomic
 def do_silence_alert(alert, actor: str, minutes: float, comment: str = ""):
     """Silence ``alert`` (and any new episode of its key) for ``minutes``: until then it neither
-    notifies nor shows as firing (Grafana's "silence notifications", console-ux.md §2.1).
+    notifies nor shows as firing (like Grafana's "silence notifications").
 
     ``minutes`` must be between 1 and 10,080 (a week); a resolved alert cannot be silenced; a
     silence replaces the alert's previous one. Raises ValueError saying what was wrong. Audited as

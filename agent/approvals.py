@@ -50,7 +50,7 @@ def do_decide(approval: Approval, decision: str, actor: str, comment: str = "", 
 
 
 def remember_rejection(approval: Approval, actor: str, comment: str, when) -> None:
-    """Record an operator's rejection in the agent's memory (issue 9 §1.5): category
+    """Record an operator's rejection in the agent's memory (docs/agent.md, Memory): category
     ``rejection``, key ``TOOL INSTANCE``. The guard ``rejected_recently`` (``agent.lifecycle``)
     is what enforces it; the fact lets every planner (and the model) know why."""
     from agent.memory import remember

@@ -1,7 +1,8 @@
 """Circuit breakers: proposals are scored before anything runs; each breaker halts the run.
 
-Definitions are SCENARIOS.md's reason table (sources: seed 001's breaker catalogue, seed 000's
-three-strikes rule):
+Definitions are the reason codes of docs/contract.md (the catalogue of ways an agent loop runs away:
+steps, repeats, text-only turns, time and tokens; and the rule that a tool failing three times in a
+row gives way to its fallback or a halt):
 
 - ``max_steps``: the run already took ``max_steps`` planner turns (a batch is one turn);
 - ``same_error``: the last N errors were the same (error class and message, not the call's

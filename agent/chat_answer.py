@@ -1,6 +1,6 @@
 """The chat's answer when no model is configured: plain words from the observed state.
 
-Issue 7 §2: without a model the chat says so, and answers from what the cycle observed — live and
+Without a model the chat says so (docs/agent.md), and answers from what the cycle observed — live and
 expected workers by name, the queue (and backlog), what the cycle did and why (from its steps:
 executed, refused with the reason code and detail, parked), and what waits for approval. Never
 "Done: nothing". An instruction typed in chat ("please stop local-5") is not acted on without a
@@ -253,7 +253,7 @@ def rails_note(steps) -> str:
 
     ``steps``: the run's ``agent.models.Step`` rows in order. One line per call that was refused or
     halted (reason code and detail), parked for approval (the approval and its expiry, from the
-    step's detail), rejected or left to expire — issue 7 §2: when the rails refuse or park an
+    step's detail), rejected or left to expire — when the rails refuse or park an
     instruction, the answer says so and why, whatever the model wrote. The same line twice is said
     once with its count ("(×3)"). Returns "" when every call ran (or none was made).
     """

@@ -3,13 +3,13 @@
 The ``llm`` planner streams a chat run's model calls (``agent.model_client.chat`` with
 ``on_delta``); a :class:`ChatStream` is that ``on_delta``. It gathers the text and the names of the
 tool calls the model starts, and hands them on as one frame at most every :data:`INTERVAL_S`
-(100 ms; console-ux.md §3.3 pitfall 6: one channel-layer message per token fills the layer), plus
+(100 ms: one channel-layer message per token would fill the layer), plus
 one when the model call ends. A frame is a dict::
 
     {"run": <run number>, "turn": <turn index>, "text": "<new text since the last frame>",
      "tools": ["<tool name started since the last frame>", ...]}
 
-Verdict blocks (``<verdict>…</verdict>``) are never shown as text (issue 7 §2): the text after an
+Verdict blocks (``<verdict>…</verdict>``) are never shown as text: the text after an
 opening ``<`` that may begin ``<verdict>`` is held back until it is known not to, and everything
 inside a block is dropped.
 

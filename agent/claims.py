@@ -1,6 +1,6 @@
 """Side-effect claims: every effect on the fleet happens at most once, and none is lost or hidden.
 
-DESIGN.md invariant 10 and SCENARIOS.md ``in_flight``, ``duplicate``, ``outcome_unknown`` and
+docs/safety.md invariant 10 and docs/contract.md "Side effects and claims": ``in_flight``, ``duplicate``, ``outcome_unknown`` and
 ``stale_claim``:
 
 - :func:`open_claim` is the check *and* the claim: one INSERT under two uniqueness constraints
@@ -35,7 +35,7 @@ from fleet.secrets import redact, redact_obj
 
 log = logging.getLogger(__name__)
 
-#: default age (minutes) past which an open claim is settled against the provider (SCENARIOS.md)
+#: default age (minutes) past which an open claim is settled against the provider (docs/contract.md)
 CLAIM_MAX_AGE_MIN = 30
 
 #: what a side-effect tool's effect looks like at the provider, by tool: the instance's status
@@ -86,8 +86,8 @@ def worker_alive(identity: str) -> bool | None:
 
 
 def launch_label(key: str) -> str:
-    """The provider label a launch carries, derived from its idempotency key (vast labels ≤ 1,024
-    chars; reference/vastai.md "Labels"): what finds the instance when the answer was lost."""
+    """The provider label a launch carries, derived from its idempotency key (vast.ai labels hold at
+    most 1,024 characters): what finds the instance when the answer was lost."""
     return f"warden-{key[:40]}"
 
 
@@ -98,7 +98,7 @@ def open_claim(*, key: str, tool: str, args: dict, instance_ref: str, actor: str
 
     ``instance_ref`` is the instance the call acts on ("" for a launch). Raises
     :class:`ClaimRefused` (``duplicate`` or ``in_flight``); nothing is written then. The
-    database decides: two concurrent claims cannot both succeed (issue 11 §1.3).
+    database decides: two concurrent claims cannot both succeed (docs/safety.md, Side effects).
     """
     label = launch_label(key) if tool == "launch_instance" else ""
     try:

@@ -1,3 +1,4 @@
+# Over 500 lines on purpose: budget, units, summary and repeat reminder build one history in one pass.
 """The context builder for a model planner: the session's trace as chat messages, within a budget.
 
 :func:`build_context` turns the Step rows of the current epoch (``SessionState.epoch``) into
@@ -22,10 +23,11 @@ carries ``tool_calls`` and is followed by one ``tool`` message per call):
   marker;
 - over the budget, the oldest messages are left out whole — an assistant message with
   ``tool_calls`` and its tool results are one unit, so a cut never separates a call from its
-  result (agent-runtimes.md §2.5; tests/test_context_properties.py) — and folded into one running
+  result (a provider refuses a history whose tool result has lost its call;
+  tests/test_context_properties.py) — and folded into one running
   summary message: the model's summariser when one is passed, else extractive (one line per unit,
   repeats collapsed, plus a count by tool and outcome of what lies before the window read);
-- the advisory repeat reminder (seed 003, "Repeat Reminder"): consecutive agent calls with the
+- the advisory repeat reminder (a note to the model, not a refusal, when it keeps repeating itself): consecutive agent calls with the
   same canonical arguments *and* the same observation across the session are counted; an
   operator message resets the count; when the count reaches a threshold (``repeat_reminders``,
   default 3, 5, 8) a reminder is placed right after that call's results. It never blocks
@@ -544,7 +546,7 @@ def assemble(units: list[list[dict]], *, budget_tokens: int = DEFAULT_BUDGET_TOK
 def check_pairs(messages: list[dict]) -> None:
     """Assert every tool result directly follows the assistant message that issued its call.
 
-    Raises ``AssertionError`` naming the first orphan or dangling call (agent-runtimes.md §2.5).
+    Raises ``AssertionError`` naming the first orphan or dangling call (a result without its call, or a call without its result).
     """
     pending: list[str] = []
     for i, m in enumerate(messages):

@@ -1,10 +1,10 @@
 """The agent's side of diagnosis: the model judge, and diagnosing on an operator's request.
 
-``fleet.diagnostics`` collects the evidence and judges it by the rules (DESIGN.md: the judge that
+``fleet.diagnostics`` collects the evidence and judges it by the rules (the layering: the judge that
 needs a model lives in ``agent`` and consumes the evidence ``fleet`` collects). With a model
 configured (``WARDEN_MODEL_*``, :class:`agent.model_client.ModelConfig`), :func:`model_judge`
-asks it for a verdict with its own domain prompt (:data:`JUDGE_PROMPT`, from
-``reference/gpu-faults.md`` §4 and seed 002 "diagnostic sub-agent"); the answer must parse as
+asks it for a verdict with its own domain prompt (:data:`JUDGE_PROMPT`: a narrow
+sub-agent that knows GPU faults — Xid codes, ECC errors, a lost device — and only judges); the answer must parse as
 ``fleet.diagnostics.Verdict`` (pydantic). A model that fails, answers outside the schema or
 does not answer keeps the rules' verdict (``judge="rules"``), with the reason logged.
 

@@ -1,6 +1,6 @@
-"""The fleet's structural guards: code the model cannot talk past (DESIGN.md invariants 1–3).
+"""The fleet's structural guards: code the model cannot talk past (docs/safety.md invariants 1–3).
 
-:func:`check` returns the first refusal that applies to one call, in SCENARIOS.md's order. The
+:func:`check` returns the first refusal that applies to one call, in docs/contract.md's refusal order. The
 whole order, with the stage that reports each code:
 
 ``forged_observation``, ``unknown_tool``, ``forbidden_tool``, ``invalid_args``, ``identical_args``
@@ -21,14 +21,14 @@ Rules and their sources (what "terminal", "blind" and "starving" mean is ``agent
   stands (``rejection_hold_min``, or until demand changes state), for every planner;
 - scale-down (stop/destroy of a non-terminal instance) is refused while demand is not ``ok``,
   tasks are queued or in the pipeline backlog (or the backlog could not be read), or an expected
-  worker is dead (seed 002; autoscalers.md §1.7 rules 2, 12; SCENARIOS.md version 2 ``backlog``);
+  worker is dead (scale on waiting work, never on a flag: docs/contract.md ``demand_guard``);
   demand is re-read right before the check;
-- a live worker that owns tasks is never stopped, destroyed or rebooted (curio.md §3.3;
-  autoscalers.md rule 4); a dead one's owner parks for an operator (forced approval);
+- a live worker that owns tasks is never stopped, destroyed or rebooted (its task would be lost
+  with it: docs/curio.md, Workers); a dead one's owner parks for an operator (forced approval);
 - only after the queue has been empty for the dwell and not within the hold-off after a launch
-  (cluster-autoscaler scale-down-unneeded-time / delay-after-add; autoscalers.md rule 3);
+  (cluster-autoscaler's scale-down-unneeded-time and scale-down-delay-after-add);
 - terminal instances are replaced, not scaled down: ``demand_guard`` and ``hold_off`` skip them;
-- stop, and destroy of a non-terminal instance, need a fresh diagnosis (seed 002: HTTP 428);
+- stop, and destroy of a non-terminal instance, need a fresh diagnosis (diagnose before you act: HTTP 428);
 - an operator-owned SSH host is never destroyed by the agent or the monitor (dstack SSH fleets);
 - no launch while an earlier launch is pending (SkyPilot) unless it is starving, within the
   instance (starving launches still count) and $/hr caps;
@@ -60,7 +60,7 @@ SCALE_DOWN_TOOLS = {"stop_instance", "destroy_instance"}
 
 @dataclass
 class Refusal:
-    """A guard's ``code`` (SCENARIOS.md reason code) and a one-line ``detail`` for the operator."""
+    """A guard's ``code`` (a reason code of docs/contract.md) and a one-line ``detail`` for the operator."""
 
     code: str
     detail: str
@@ -97,7 +97,7 @@ def duplicate(tool: str, args: dict, key: str, *, batch_prior: list[tuple[str, d
     """The ``duplicate`` refusal for a side effect, or ``None``: its idempotency key already ran,
     the same action is earlier in this batch, or it already waits for approval (arguments as in
     :func:`check`). The first guard of :func:`check`; the pipeline also asks it alone for a
-    batch refused whole (``batch_too_large`` comes after ``duplicate`` in SCENARIOS.md's order)."""
+    batch refused whole (``batch_too_large`` comes after ``duplicate`` in docs/contract.md's order)."""
     spec = TOOLS[tool]
     if not spec.side_effect:
         return None

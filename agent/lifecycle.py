@@ -1,6 +1,6 @@
 """Lifecycle truth: what an instance's status means, in one place for the guards, the monitor, the
-``rules`` planner and the console (SCENARIOS.md "terminal instances", blind mode, forced approval,
-starvation, ``rejected_recently``; issue 9 §1).
+``rules`` planner and the console (docs/contract.md: Terminal, Blind mode, Forced approval,
+Starvation, ``rejected_recently``).
 
 Every number comes from ``agent.policy.DEFAULT_LIMITS`` (settable as objectives):
 ``offline_grace_min``, ``provisioning_limit_min``, ``starve_min``, ``rejection_hold_min``.
@@ -39,8 +39,8 @@ def worker_live(inst, world) -> bool:
 
 def from_machine(diag) -> bool:
     """A diagnosis resting on evidence from the machine itself (SSH answers), not one that only
-    restates the provider's status (SCENARIOS.md: "a diagnosis that only restates the provider's
-    status does not count")."""
+    restates the provider's status (a diagnosis that only restates the provider's
+    status does not count: docs/contract.md, Terminal)."""
     if diag.source != "ssh" or (diag.cause or "").startswith(_RESTATES_PROVIDER):
         return False
     return any(
@@ -52,9 +52,9 @@ def from_machine(diag) -> bool:
 def is_terminal(inst, world) -> tuple[bool, str]:
     """Whether ``inst`` is terminal (retiring it is a replacement, not a scale-down), with why.
 
-    SCENARIOS.md "terminal instances": only when its worker is not live (:func:`worker_live`) and
+    docs/contract.md, Terminal: only when its worker is not live (:func:`worker_live`) and
     (the status rules never apply to one we stopped, intended ``stopped``: it is resumed, not
-    destroyed, whatever status the provider shows — issue 9)
+    destroyed, whatever status the provider shows)
     - its provider status is ``error``;
     - it is ``exited`` while its intended status is ``running`` (one we stopped is resumed);
     - it has been ``unknown``/``offline`` longer than ``offline_grace_min``;
@@ -64,7 +64,7 @@ def is_terminal(inst, world) -> tuple[bool, str]:
     if inst.killed_at is not None or worker_live(inst, world):
         return False, ""
     lim, now = world.limits, clock.now()
-    # one we stopped is resumed, not destroyed, whatever status the provider shows (issue 9): only
+    # one we stopped is resumed, not destroyed, whatever status the provider shows: only
     # the machine's own evidence (the diagnosis rule below) makes it terminal
     status = None if inst.intended_status == "stopped" else inst.status
     if status == "error":
@@ -88,7 +88,7 @@ def starving(inst, world) -> bool:
     """A launch pending longer than ``starve_min`` while tasks are queued and no worker is live.
 
     It stops counting for ``launch_pending`` (and as capacity for sizing); it still counts toward
-    the instance cap until destroyed (SCENARIOS.md "starvation").
+    the instance cap until destroyed (docs/contract.md, Starvation).
     """
     d = world.demand
     if inst.killed_at is not None or inst.status not in PENDING_STATUSES or inst.status == "rebooting":
@@ -101,7 +101,7 @@ def starving(inst, world) -> bool:
 def forced_approval(tool: str, args: dict, world, *, injected: bool = False) -> str:
     """Why this side effect must park for an operator whatever the policy says ('' when it need not).
 
-    SCENARIOS.md "forced approval": any side effect in a run after that run raised
+    docs/contract.md, Forced approval: any side effect in a run after that run raised
     ``prompt_injection`` (``injected``); stopping or destroying an instance whose dead worker still
     owns tasks; destroying a terminal instance while blind; stopping, rebooting or destroying an
     instance whose worker's identity is in doubt (``node_identity``: Curio's rows cannot tell its
@@ -132,7 +132,7 @@ def _demand_kind(sample) -> tuple[bool, int | None]:
 
 def demand_changed_since(when) -> bool:
     """Whether demand changed state after ``when``: ok ↔ unknown/stale, or the queue going from
-    empty to non-empty (SCENARIOS.md ``rejected_recently``), judged on the recorded samples."""
+    empty to non-empty (docs/contract.md ``rejected_recently``), judged on the recorded samples."""
     from fleet.models import DemandSample
 
     before = DemandSample.objects.filter(taken_at__lte=when).order_by("-taken_at", "-id").first()

@@ -230,7 +230,7 @@ def _json(obj) -> str:
 
 
 def _run_monitor(tc: TurnContext) -> None:
-    """The monitor's lifecycle rules, before the planner's turns (SCENARIOS.md cycle order 2)."""
+    """The monitor's lifecycle rules, before the planner's turns (docs/contract.md, The cycle, step 2)."""
     from agent.monitor_runner import run_monitor
 
     run_monitor(tc)

@@ -1,4 +1,4 @@
-"""The agent's memory (seed 000's layers, seed 002's ``remember``/``recall``; issue 7 §4).
+"""The agent's memory: a short-term session, a long-term store and a digest; ``remember``/``recall`` (docs/agent.md).
 
 Three layers, one file:
 

@@ -1,10 +1,11 @@
+# Over 500 lines on purpose: config, request, retries, streaming and the record share one error taxonomy.
 """The model endpoint: configuration, the API key resolved at use, one chat-completions call with
 retries, and its record (:class:`agent.models.ModelCall`).
 
 Any OpenAI-compatible ``/chat/completions`` endpoint (OpenAI, vLLM, Ollama, llama.cpp's server,
 OpenRouter) is reached through the pinned ``openai`` SDK with its own retries off: 429, 5xx,
 connection errors and timeouts are *transient* and retried here with exponential backoff slept on
-the shared clock (``fleet.clock``), at most :data:`STRIKES` attempts (seed 000's error classes:
+the shared clock (``fleet.clock``), at most :data:`STRIKES` attempts (errors come in classes:
 retry what is transient, never what is not). Anything else (400, 401, 404) is *permanent*: not retried.
 
 A 200 is not an answer by itself (docs/model.md, "What counts as a failed answer"): a body with a

@@ -1,5 +1,5 @@
 """The model's two side jobs besides planning: the running summary of older history, and memory
-consolidation (issue 7 §3 and §4; seed 000's memory layers, seed 002's context).
+consolidation (docs/agent.md, Memory; docs/model.md, The context window).
 
 - :class:`ModelSummarizer` is the ``summarize`` callable of ``agent.context.build_context`` when a
   model is configured: the omitted units' one-line extracts go to the model with

@@ -1,7 +1,7 @@
 """A local OpenAI-compatible chat-completions server that plays recorded responses (tests, replay).
 
 A real HTTP server on loopback (``http.server`` in a thread). Each ``POST …/chat/completions``
-takes the next entry of ``responses`` (SCENARIOS.md ``model_responses``):
+takes the next entry of ``responses`` (a replay file's ``model_responses``, docs/replay.md):
 
 - a JSON body, served with HTTP 200 whatever it holds (an error object included);
 - ``{"http_status": N, "body": ...}``: served with status ``N``;

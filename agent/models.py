@@ -8,7 +8,7 @@ from django.db import models
 
 
 class SessionState(models.Model):
-    """The anchor (seed 002): survives "Reset session".
+    """The session anchor (docs/agent.md, Memory and the session anchor): survives "Reset session".
 
     One row (pk=1). Holds the next run number, the objectives (target proofs/hr and caps), the
     operator's settings overrides, the observe-only switch and the run lock (token + expiry, so a
@@ -41,7 +41,7 @@ class Run(models.Model):
     """One observe cycle of the agent.
 
     ``status``: running | parked (waiting on an approval, lock released) | done | halted | failed.
-    ``halt_reason`` is a reason code from SCENARIOS.md when a breaker or cap stopped the run.
+    ``halt_reason`` is a reason code of docs/contract.md when a breaker or cap stopped the run.
     ``verdict_action``/``verdict_state_changed`` come from the planner's ``<verdict>``; a run whose
     verdict is (false, false) is a no-op and is skipped in the prompt (``included_in_prompt``).
     """
@@ -75,7 +75,7 @@ class Run(models.Model):
     class Meta:
         ordering = ["-number"]
         constraints = [
-            # one run at a time: the run lock's second net (issue 10 §1)
+            # one run at a time: the run lock's second net (agent.runs)
             models.UniqueConstraint(fields=["status"], condition=models.Q(status="running"), name="one_running_run"),
         ]
 
@@ -119,7 +119,7 @@ class Step(models.Model):
     ``kind``: ``message`` (operator or system text), ``text`` (a planner turn with text only),
     ``call`` (a tool call), ``observe`` (the runtime's observation summary), ``report``.
     For calls: ``args`` are the parsed canonical arguments (null when they could not be parsed),
-    ``raw_arguments`` the exact string the planner sent, ``outcome`` one of SCENARIOS.md's outcomes
+    ``raw_arguments`` the exact string the planner sent, ``outcome`` one of docs/contract.md's outcomes
     and ``reason_code`` its reason code. ``observation`` is always written by the runtime.
     ``turn`` numbers planner turns; ``position`` is the index inside a parallel batch (``batch``
     true when the turn held several calls).
@@ -197,7 +197,7 @@ class SideEffect(models.Model):
     be told; ``label`` the provider label a launch carries (derived from the key), by which the
     runtime finds what a lost request created. ``result`` is the runtime's observation text.
 
-    Two constraints decide claims in one statement (issue 11 §1.3): a key is claimed once (a claim
+    Two constraints decide claims in one statement (docs/contract.md, Side effects and claims): a key is claimed once (a claim
     settled as ``stale_claim`` did not run and frees its key), and an instance has at most one open
     claim (refusal ``in_flight``).
     """
@@ -224,7 +224,7 @@ class SideEffect(models.Model):
 
 
 class MemoryFact(models.Model):
-    """One thing the agent remembers across resets (seed 002 ``remember``; seed 000 memory layers).
+    """One thing the agent remembers across resets (the tool ``remember``; the long-term layer of docs/agent.md, Memory).
 
     ``kind``: ``fact`` — structured, permanent until changed (scored by ``importance`` alone) — or
     ``memory`` — long-term, scored ``importance × 0.5^(age_days / 7)`` (``agent.memory``).

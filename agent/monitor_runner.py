@@ -1,6 +1,6 @@
 """Running the monitor's rules (``fleet.monitor``) through the agent's pipeline, under policy.
 
-The monitor is an actor like the agent (SCENARIOS.md cycle order 2): its actions pass the policy
+The monitor is an actor like the agent (docs/contract.md, The cycle, step 2): its actions pass the policy
 table (``TOOL:monitor`` keys; its own default ``auto``; ``forbidden`` on ``TOOL`` binds it — the
 action is skipped as ``forbidden_tool`` and halts nothing), the same guards (observe-only
 included), forced approvals (``agent.lifecycle.forced_approval``) and idempotency as any call.

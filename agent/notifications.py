@@ -4,7 +4,7 @@ What notifies (``KINDS``): a call parked for approval, an approval about to expi
 expired unanswered (approvals expire after ``approval_expiry_min``, 30 by default), a P0/P1
 alert (and its end, with when and why: :func:`alert_resolved`), and a P0/P1 escalation by the
 agent (``escalate_human``). Lower severities go to the
-Alerts page only (issue 10 §2): :func:`alert_routes` is the one routing rule.
+Alerts page only (docs/notifications.md): :func:`alert_routes` is the one routing rule.
 
 The flow is a transactional outbox: the event's transaction writes one :class:`Notification`
 row per operator and channel (``dedupe_key`` keeps it to one), and after commit the Celery task
@@ -93,7 +93,7 @@ def reference_status(ref: str) -> str:
 # --- routing -------------------------------------------------------------------------------------
 def alert_routes(severity: str) -> list[str]:
     """Where an alert of ``severity`` goes: always ``alerts`` (the Alerts page), plus
-    ``notifications`` for P0 and P1 (issue 10 §2)."""
+    ``notifications`` for P0 and P1 (docs/notifications.md)."""
     return ["alerts", "notifications"] if severity in NOTIFY_SEVERITIES else ["alerts"]
 
 

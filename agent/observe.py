@@ -37,7 +37,7 @@ def with_retries(fn, attempts: int = 3, *, side_effect: bool = False):
     Waits 1 s, 2 s, 4 s … (capped at 8 s) between attempts — virtual seconds under replay.
     With ``side_effect`` only errors known not to have taken effect are retried (HTTP 429, a
     refused connection: ``ProviderError.not_sent``); a timeout or reset after sending is never
-    re-sent blind (DESIGN.md invariant 10). Re-raises the last error.
+    re-sent blind (docs/safety.md invariant 10). Re-raises the last error.
     """
     retrying = Retrying(
         stop=stop_after_attempt(attempts),
@@ -283,7 +283,7 @@ def lifecycle_alerts(world: World) -> None:
     - ``prompt_injection``: instruction-like text in an instance's provider fields (the run then
       needs approval for every side effect: ``world.injection``);
     - ``instance_exited``: an instance that exited or errored while we wanted it running, or whose
-      worker stopped heartbeating while it runs (issue 9 §1.6), with the evidence (status, exit
+      worker stopped heartbeating while it runs, with the evidence (status, exit
       code, message, last heartbeat); resolved when it runs with a live worker again;
     - ``stuck_provisioning``: a launch starving the queue (``agent.lifecycle.starving``);
     - ``provider_error`` for an owned SSH host that cannot be reached, with a diagnosis (never removed);

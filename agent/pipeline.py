@@ -1,3 +1,4 @@
+# Over 500 lines on purpose: the pipeline's stages in the order a call passes them (docs/contract.md).
 """The tool pipeline: every proposed call passes the same stages, in this order.
 
 allowlist (``unknown_tool``) → policy ``forbidden`` (``forbidden_tool``, halts) → argument
@@ -6,7 +7,7 @@ parsing and schema (``invalid_args``: never executed with empty arguments) → b
 refused whole, after ``duplicate``) → guards (``agent.guards``) → observe-only → policy (``auto`` runs,
 ``approval`` parks) → execution with a timeout, retries of transient errors and an idempotency
 claim → an observation written by the runtime. A planner-authored tool result is refused as
-``forged_observation`` and halts the run (DESIGN.md invariant 4).
+``forged_observation`` and halts the run (docs/safety.md invariant 4).
 
 A parallel batch is scored whole before any call in it runs; its calls then run one at a time.
 Any exception inside a tool becomes an error observation here; nothing crashes the loop.
@@ -38,14 +39,14 @@ from fleet.secrets import redact, redact_obj
 log = logging.getLogger(__name__)
 
 #: the most calls one parallel batch may hold; a larger batch is refused whole before any call
-#: runs (``batch_too_large``, SCENARIOS.md)
+#: runs (``batch_too_large``, docs/contract.md)
 MAX_BATCH_CALLS = 16
 
 
 def idempotency_key(run_number: int, turn: int, position: int, tool: str, args: dict | None) -> str:
     """The runtime's key: run, turn, position in the turn, tool and canonical arguments.
 
-    Never the model's tool-call id, which changes on every retry (agent-runtimes.md §2.1).
+    Never the model's tool-call id, which changes on every retry (so a retried call would look new).
     """
     raw = f"{run_number}|{turn}|{position}|{tool}|{canonical_json(args)}"
     return hashlib.sha256(raw.encode()).hexdigest()[:40]
@@ -313,7 +314,7 @@ def process_turn(tc, turn) -> TurnResult:
             result.parked = True
     from agent.diagnosis import prefetch
 
-    # several diagnoses in one turn are collected in parallel first (issue 10 §2); each call's step
+    # several diagnoses in one turn are collected in parallel first (docs/operations.md, Diagnosis); each call's step
     # then records its own verdict as usual
     prefetch(tc.world, [d.args.get("instance_id") for d in decisions if d.action == "run" and d.step.tool == "diagnose_instance"])
     for i, d in enumerate(decisions):
@@ -342,7 +343,7 @@ def process_turn(tc, turn) -> TurnResult:
 
 
 def run_fallback(tc, d: Decision) -> None:
-    """Run the failed tool's declared fallback in its place (three strikes, seed 000)."""
+    """Run the failed tool's declared fallback in its place (three strikes: docs/contract.md ``three_strikes``)."""
     spec = TOOLS[TOOLS[d.step.tool].fallback]
     step = tc.new_step(kind="call", turn=tc.turn_index, position=d.step.position, batch=d.step.batch, tool=spec.name,
                        args=d.args, raw_arguments=d.step.raw_arguments)
@@ -353,7 +354,7 @@ def run_fallback(tc, d: Decision) -> None:
 
 def run_injected(tc) -> bool:
     """Whether this run raised ``prompt_injection`` (in its observe phase or in a tool's output):
-    every later side effect of the run parks for an operator (SCENARIOS.md "forced approval")."""
+    every later side effect of the run parks for an operator (docs/contract.md, Forced approval)."""
     from fleet.models import Alert
 
     if tc.world.injection:
@@ -449,7 +450,7 @@ def execute(tc, step: Step, spec, args: dict, key: str, *, outcome: str = "execu
     except ToolError as exc:
         return _failed(tc, step, claim, exc, t0)
     except EffectNotRecorded as exc:
-        # it happened: never reported as a failure (issue 11 §1.4); an unclosed claim is settled next cycle
+        # it happened: never reported as a failure (docs/safety.md); an unclosed claim is settled next cycle
         _done(claim, "done", str(exc))
         return _finish(step, outcome, "", str(exc), observation=ok_observation({"done": True, "note": str(exc)}, limit), ok=True,
                        duration_ms=(clock.monotonic() - t0) * 1000)
@@ -500,7 +501,7 @@ def _failed(tc, step: Step, claim, exc, t0: float) -> Step:
 
 def _outcome_unknown(tc, step: Step, claim: SideEffect, exc: ProviderError, t0: float) -> Step:
     """The request was sent and its answer lost: look it up, adopt what exists, never re-send
-    (SCENARIOS.md ``outcome_unknown``; DESIGN.md invariant 10)."""
+    (docs/contract.md ``outcome_unknown``; docs/safety.md invariant 10)."""
     from agent.claims import resolve_unknown
 
     inst, note = resolve_unknown(claim, actor=tc.actor)
@@ -532,7 +533,7 @@ def dispatch_approved(tc, approval: Approval) -> Step:
     """Run an approved call: guards again at dispatch, then execute once (``approved_executed``).
 
     Refused now (diagnosis went stale, demand came back): nothing executes, the step's outcome
-    is ``refused`` with the code and the approval becomes ``void`` (DESIGN.md invariant 3).
+    is ``refused`` with the code and the approval becomes ``void`` (docs/contract.md, The cycle, step 4).
     """
     step = approval.step
     args = dict(approval.args)

@@ -6,7 +6,7 @@ settings page, stored in ``SessionState.overrides`` (keys ``policy``, ``limits``
 
 Policy values: ``auto`` (runs within the guards), ``approval`` (parks for an operator),
 ``forbidden`` (halts the run: ``forbidden_tool``). Launches are keyed ``launch_instance`` and,
-per priority, ``launch_instance:P0`` … ``:P3`` (SCENARIOS.md "policy").
+per priority, ``launch_instance:P0`` … ``:P3`` (docs/contract.md, Policy).
 """
 
 from dataclasses import dataclass
@@ -17,7 +17,7 @@ from agent.models import SessionState
 
 PRIORITIES = ("P0", "P1", "P2", "P3")
 
-#: tool -> policy when nothing overrides it (issue 4: stop, destroy, reboot need approval;
+#: tool -> policy when nothing overrides it (docs/contract.md, Policy: stop, destroy, reboot need approval;
 #: P0 launches are auto within the caps; P1–P3 need approval)
 DEFAULT_POLICY = {
     "list_instances": "auto",
@@ -34,7 +34,7 @@ DEFAULT_POLICY = {
     "resume_instance": "auto",
     "reboot_instance": "approval",
     "destroy_instance": "approval",
-    # the monitor's own lifecycle actions (SCENARIOS.md cycle order 2: its default is auto)
+    # the monitor's own lifecycle actions (docs/contract.md, The cycle, step 2: its default is auto)
     "stop_instance:monitor": "auto",
     "reboot_instance:monitor": "auto",
     "destroy_instance:monitor": "auto",
@@ -43,7 +43,7 @@ DEFAULT_POLICY = {
 #: the actor whose actions take ``TOOL:<actor>`` policy keys
 MONITOR = "monitor"
 
-#: breaker thresholds and budgets (SCENARIOS.md reason table; seed 001)
+#: breaker thresholds and budgets (docs/contract.md, Reason codes)
 DEFAULT_LIMITS = {
     "max_steps": 12,  # planner turns per run
     "same_error": 2,  # halt when the last N errors are the same
@@ -54,19 +54,19 @@ DEFAULT_LIMITS = {
     "tool_timeout_s": 30,  # default per-tool timeout, seconds
     "retry_attempts": 3,  # attempts for a transient error (first try included)
     "observation_max_chars": 4000,  # longer observations are cut head and tail
-    "repeat_reminders": [3, 5, 8],  # advisory repeat reminder thresholds (seed 003)
+    "repeat_reminders": [3, 5, 8],  # advisory repeat reminder thresholds (docs/agent.md)
     "diagnosis_fresh_min": 15,  # stop/destroy need a diagnosis this fresh
-    "network_recheck_min": 2,  # a network-class diagnosis (SSH unreachable) is taken again after this (issue 10 §2)
+    "network_recheck_min": 2,  # a network-class diagnosis (SSH unreachable) is taken again after this
     "approval_expiry_min": 30,
     "provisioning_limit_min": 180,  # stuck created/loading/scheduling past this is terminal
-    # SCENARIOS.md "terminal instances", "starvation" and the reason table
+    # docs/contract.md: Terminal, Starvation and the reason codes
     "offline_grace_min": 30,  # provider status unknown/offline this long (worker dead) is terminal
     "claim_max_age_min": 30,  # a side effect claimed and unfinished this long is a stale claim
     "rejection_hold_min": 60,  # an operator's rejection stands this long unless demand changes state
     "starve_min": 30,  # with work queued and no live worker, a launch pending this long stops blocking
     "destroy_confirm_min": 15,  # a destroy still listed this long is destroy_unconfirmed (sent again)
     "launch_rate": [6, 600],  # at most N launches per S seconds (rate_limited)
-    # a stopped instance still pays for its disk (vastai.md §2.4): stopped longer than this, the rules
+    # a stopped instance still pays for its disk (vast.ai bills a stopped instance's storage): stopped longer than this, the rules
     # planner proposes destroying it (destroy_instance's policy: approval by default)
     "stopped_destroy_h": 24,
     # the scale-down budget (agent.capacity.retire_budget): the agent retires at most
@@ -118,7 +118,7 @@ def effective_policy(state: SessionState | None = None) -> dict:
 
 
 def policy_for(tool: str, args: dict | None, table: dict, actor: str = "agent") -> str:
-    """The policy of one call (SCENARIOS.md "policy"): the most specific key present decides.
+    """The policy of one call (docs/contract.md, Policy): the most specific key present decides.
 
     ``forbidden`` on ``TOOL`` binds every actor and priority. The monitor's actions take
     ``TOOL:monitor`` (its own default is ``auto``); launches take ``launch_instance:Pn`` before

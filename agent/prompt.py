@@ -1,4 +1,4 @@
-"""The `llm` planner's system prompt, in seed 002's three tiers (read it as prose), then what changes.
+"""The `llm` planner's system prompt, in three tiers — role, how it works, hard rules (read it as prose), then what changes.
 
 Opening: who the agent is and what it is for. Middle: how tools and observations work. Closing:
 the imperatives and the hard rules. Every hard rule here is also enforced in code

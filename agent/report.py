@@ -1,10 +1,10 @@
 """The honest final report, written by the runtime from the trace — never by the planner.
 
-Seed 000 ("NEVER substitute plausible-looking fabricated output"): what was done (calls that
+Never a plausible-looking made-up result: what was done (calls that
 succeeded), what was refused and why, what is still waiting or failed, why the run stopped, and
 the fleet's state. :func:`entailment_flags` marks instance ids and numbers in the planner's final
-answer that appear in no observation of the run (seed 001: "Whether the final answer is entailed
-by observations you actually returned").
+answer that appear in no observation of the run (the final answer must follow from observations the
+runtime actually returned).
 """
 
 import re

@@ -1,13 +1,13 @@
 """The run lifecycle: lock, claim, turn context, close — shared by every kind of cycle.
 
 ``agent.loop`` (the planner's cycle and resumes) and ``agent.monitor_runner`` (the monitor's own
-tick) both go through these functions, so neither imports the other's internals (issue 12 §3)::
+tick) both go through these functions, so neither imports the other's internals::
 
     acquire_lock() → claim_run(trigger) → turn_context(run, world, …) → … → close_run(run)
                                                                           (fail_run on error)
     release_lock(token)
 
-The lock is the single-flight guarantee (seed 002: "prevents parallel runs entirely"): one row
+The lock is the single-flight guarantee (never two runs in parallel): one row
 (``SessionState`` pk=1) taken with a conditional UPDATE, with an expiry so a crashed run cannot
 wedge the agent.
 """
@@ -50,7 +50,7 @@ def acquire_lock(ttl_s: float | None = None, *, sees_events: bool = True) -> str
 
     The lock records its holder (``agent.claims.worker_identity``). It is free when released,
     past its expiry (``ttl_s``, WARDEN_RUN_LOCK_TTL_S), or as soon as its holder is known dead
-    (a SIGKILLed worker on this host: issue 11 §1.1) — then taken over with a conditional UPDATE
+    (a SIGKILLed worker on this host, docs/faults.md) — then taken over with a conditional UPDATE
     on the dead holder's token, so two takers cannot both win. ``sees_events=False`` (the monitor's
     tick, which runs no planner) lets the events its observe finds start a run after it.
     """

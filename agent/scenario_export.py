@@ -1,6 +1,6 @@
-"""Export a run's situation as a replay file (SCENARIOS.md, version 2), to rehearse a policy change.
+"""Export a run's situation as a replay file (docs/replay.md, version 2), to rehearse a policy change.
 
-"Export as scenario" on a run page (issue 12 §2) writes what the run saw — the fleet and demand of
+"Export as scenario" on a run page (docs/operations.md, Rehearsing a change with replay) writes what the run saw — the fleet and demand of
 its observation, the objectives, limits and policy in force, recent side effects (for hold-off and
 launch-pending), fresh diagnoses with their SSH evidence, the policy and limits then in force
 (operator overrides changed since are taken back from the audit log) — and what was proposed: a ``rules`` run
@@ -26,7 +26,7 @@ from agent.replay.file_format import LIFECYCLE_KEYS, OBJECTIVE_KEYS, Scenario
 from fleet.models import Diagnosis, Instance
 from fleet.secrets import redact, redact_obj
 
-#: side effects listed in ``history`` (SCENARIOS.md: "past actions, for hold-off and launch-pending")
+#: side effects listed in ``history`` (docs/replay.md: past actions, for hold-off and launch-pending)
 HISTORY_TOOLS = ("launch_instance", "stop_instance", "resume_instance", "reboot_instance", "destroy_instance")
 HISTORY_WINDOW = timedelta(hours=24)
 PROVIDERS = ("vastai", "ssh", "local", "scenario")

@@ -1,4 +1,4 @@
-"""Trace scoring: the runs as data (seed 001, "Eval the trace, not the vibe").
+"""Trace scoring: the runs as data (judge the trace, not the impression a run leaves).
 
 :func:`score_traces` reads Run, Step and Approval rows with a fixed number of aggregate queries
 (six, whatever the number of runs or steps) and returns:

@@ -21,7 +21,7 @@ def observe_cycle(self, trigger: str = "heartbeat", message: str | None = None, 
 
     A heartbeat gives up after 10 tries (the next beat comes). A cycle someone asked for (an
     operator's "Trigger observe cycle now", a chat message) waits as a ``queued`` run and is
-    retried until it runs — or until another cycle picks that queued run up (issue 11 §1.1).
+    retried until it runs — or until another cycle picks that queued run up (docs/faults.md).
     """
     from agent.loop import run_cycle
     from agent.models import Run

@@ -1,6 +1,6 @@
 """One instance's history on one line of time: launches, diagnoses, actions, alerts and rates.
 
-The per-resource events tab operators expect (dstack's Events tab, console-ux.md §2.3 item 7).
+The per-resource events tab operators expect (like dstack's Events tab).
 Sources, each read once (the query count does not grow with the history):
 
 - ``launch`` and ``action``: audit rows whose target is the instance (operators, the agent and

@@ -1,9 +1,9 @@
 """The tools' specs: names, argument schemas (pydantic), side-effect flags, timeouts, fallbacks,
 and :func:`canonical_json` — everything about a tool but its implementation.
 
-Names and argument shapes are a contract (``../shared/SCENARIOS.md`` "Tools"). This module sits
+Names and argument shapes are a contract (docs/contract.md, Tools). This module sits
 below ``agent.guards``, ``agent.breakers``, ``agent.actions`` and ``agent.tools`` (which binds the
-bodies): the guards read what a tool *is* without importing what it *does* (issue 12 §3: no
+bodies): the guards read what a tool *is* without importing what it *does* (no
 ``actions → guards → tools → actions`` circle).
 """
 

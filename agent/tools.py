@@ -1,7 +1,7 @@
 """The agent's tools: their bodies, bound to the specs of ``agent.tool_specs`` (names, argument
 schemas, side-effect flags, timeouts), which this module re-exports.
 
-Names and argument shapes are a contract (``../shared/SCENARIOS.md`` "Tools"). A tool body
+Names and argument shapes are a contract (docs/contract.md, Tools). A tool body
 returns a JSON-shaped payload; the runtime (``agent.pipeline``) turns it into the observation —
 the planner never authors a tool result. A body raises :class:`ToolError` (or
 ``fleet.providers.ProviderError``) on failure; any other exception is caught at the pipeline's
@@ -33,7 +33,8 @@ from fleet.models import Instance
 
 
 class ToolError(Exception):
-    """A tool failed. ``kind``: transient | permanent | semantic (seed 000's three classes)."""
+    """A tool failed. ``kind``: transient | permanent | semantic (an error
+    class: a transient one may pass on retry, a permanent or semantic one — bad input — will not)."""
 
     def __init__(self, message: str, *, kind: str = "permanent", code: str = ""):
         super().__init__(message)
@@ -164,7 +165,7 @@ def diagnose_instance(ctx: ToolContext, args: dict) -> dict:
         "source": diag.source,
         "evidence": {cmd: _compact(e) for cmd, e in diag.evidence.items() if cmd != "injection"},
         # instruction-like text found in what the machine printed: the pipeline's scan sees it here
-        # too, so the run parks its later side effects (SCENARIOS.md "forced approval")
+        # too, so the run parks its later side effects (docs/contract.md, Forced approval)
         **({"injection": diag.evidence["injection"]} if diag.evidence.get("injection") else {}),
     }
 
@@ -217,7 +218,7 @@ def recall(ctx: ToolContext, args: dict) -> dict:
 def escalate_human(ctx: ToolContext, args: dict) -> dict:
     """Raise an ``escalation`` alert of ``severity``. It always shows on the Alerts page; P0 and P1
     also notify the operators who asked for escalations (``agent.notifications.alert_routes``,
-    issue 10 §2). Returns ``{"alert_id", "severity", "routed_to": ["alerts", "notifications"?]}`` and,
+    docs/notifications.md). Returns ``{"alert_id", "severity", "routed_to": ["alerts", "notifications"?]}`` and,
     when routed to the notifications, ``notifications_queued``: how many messages (operators ×
     channels) were queued — 0 says nobody asked to be told."""
     from agent.models import Notification

@@ -1,8 +1,7 @@
 """Event triggers: what happened starts a run at once, bursts coalesce, one run at a time.
 
-Source: seed 002 ("event-driven triggering … the cron timer was retained as a heartbeat backup";
-"a debounce mechanism … 2 seconds for P0 events, 10 seconds for P1 events"; "prevents parallel
-runs entirely"), issue 10 §1.
+Events start runs, and the cron timer stays as a heartbeat backup; a debounce of 2 s for P0
+events and 10 s for P1 events; never two runs in parallel (docs/agent.md, Triggers).
 
 Events (``fleet.events.trigger(kind, detail)``, or :func:`fire` from the agent and console):
 
@@ -171,7 +170,7 @@ return prev
 def note_demand(demand, *, fire_events: bool = True) -> list[str]:
     """Compare a demand reading with the last one noted and fire its edges; returns the kinds fired.
 
-    Edges (seed 002: "all workers dead with tasks queued" must not wait for the cron): queued
+    Edges (all workers dead with tasks queued must not wait for the heartbeat): queued
     0 → more (``queue_nonempty``); dead workers 0 → more (``worker_died``); live workers some → none
     while workers are expected (``workers_all_dead``). An unknown reading notes nothing. With
     ``fire_events=False`` (a planner run that observed it itself) only the state is noted. Redis

@@ -1,10 +1,10 @@
-"""Text read from machines, logs and providers is data, never instructions (seed 001 "Injection").
+"""Text read from machines, logs and providers is data, never instructions (docs/safety.md, Untrusted text).
 
 :func:`as_data` delimits an observation for the model's context; :func:`scan_for_injection`
 finds instruction-like text aimed at the agent so the runtime raises a ``prompt_injection``
 alert. Nothing here can change policy or the allowlist: those live in code (``agent.policy``).
 
-Every untrusted field is scanned where it enters (issue 11 §1.7): provider fields at sync
+Every untrusted field is scanned where it enters (docs/secrets.md): provider fields at sync
 (:func:`scan_instance`, from ``fleet.sync`` and the observe phase), diagnosis evidence
 (``fleet.diagnostics.diagnose``) and every tool's output (``agent.pipeline.execute``). A run that
 raised ``prompt_injection`` parks every later side effect for an operator
@@ -105,7 +105,7 @@ def scan_for_injection(text: str) -> list[str]:
     """The instruction-like fragments found in ``text``, as :func:`normalise` reads it (lower case,
     separators collapsed), one per pattern that matched; empty when none. Linear in ``len(text)``;
     at most :data:`SCAN_MAX` characters are read (the head and the tail of a longer text).
-    Source: seed 001 "Injection", issue 11 §1.7."""
+    Source: text a machine prints may try to steer the agent (docs/safety.md, Untrusted text)."""
     lines = normalise(text)
     flat = lines.replace("\n", " ")
     hits = []

@@ -1,6 +1,6 @@
 """Build time of the model's context (``agent.context.build_context``) over a long session.
 
-Issue 7 §3 goal: **≤ 100 ms at 10,000 stored messages** (the default 30,000-token budget).
+Goal (bench/README.md): **≤ 100 ms at 10,000 stored messages** (the default 30,000-token budget).
 
 What runs: a throwaway PostgreSQL test database (Django's test machinery: created and dropped,
 nothing of yours touched) is filled with a realistic session — runs of ten steps: an operator

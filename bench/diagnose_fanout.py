@@ -1,7 +1,7 @@
 """Diagnosis fan-out: 50 loopback hosts, 5 of them silent, the full collector; parallel vs one by one.
 
-Issue 10 §3 goal: ≤ 8 s wall for the 50 hosts, and ≥ 4× faster than the same hosts one after
-another (both printed, same run). DESIGN.md budget: ≤ 10 s.
+Goal (bench/README.md): ≤ 8 s wall for the 50 hosts, and ≥ 4× faster than the same hosts one after
+another (both printed, same run); the outer budget: ≤ 10 s.
 
 What runs (one process, throwaway test databases made and dropped by Django's test machinery):
 

@@ -1,4 +1,5 @@
-"""Faults against the real stack, several times each; prints one table (issue 11 §3).
+# Over 500 lines on purpose: each fault of docs/faults.md on one shared real stack, one table.
+"""Faults against the real stack, several times each; prints one table (docs/faults.md, bench/README.md).
 
 Every run starts its own PostgreSQL cluster and redis-server (``bench/stack.py``: initdb +
 pg_ctl on a free port, as the ``postgres`` user when run as root; redis-server with no

@@ -1,4 +1,4 @@
-"""Load on the console (issue 11 §3): 50 websocket clients plus 20 requests/s of page partials,
+"""Load on the console (bench/README.md): 50 websocket clients plus 20 requests/s of page partials,
 for 2 minutes, on loopback. Prints p50/p95/max latency and errors (goal: 0 errors, p95 ≤ 300 ms).
 
 The stack is the bench's own (``bench/stack.py``: a PostgreSQL cluster and redis-server started

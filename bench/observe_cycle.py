@@ -1,6 +1,6 @@
 """One observe cycle with no planner turns at 10, 100 and 1,000 instances: time and queries.
 
-Goals (issue 10 §3, DESIGN.md "Performance budgets"): ≤ 50 ms at 100 instances, ≤ 300 ms at
+Goals (bench/README.md): ≤ 50 ms at 100 instances, ≤ 300 ms at
 1,000, and the same number of queries at every size (query count per cycle constant in fleet
 size).
 

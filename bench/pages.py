@@ -1,6 +1,6 @@
 """Server time and query count of the console's list pages as the fleet and history grow.
 
-Issue 10 §3 goal: the dashboard, fleet, runs and approvals pages in **≤ 200 ms each with 1,000
+Goal (bench/README.md): the dashboard, fleet, runs and approvals pages in **≤ 200 ms each with 1,000
 instances and 10,000 runs**, with a **constant query count** (the same at every size).
 
 What runs: a throwaway PostgreSQL test database (Django's test machinery: created and dropped,

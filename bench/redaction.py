@@ -1,6 +1,6 @@
 """Redaction cost: ``fleet.secrets.redact`` on 100 KB and 1 MB of mixed text, and on adversarial runs.
 
-Issue 11 §1.2 goal: redaction is linear; 1 MB takes ≤ 12× the 100 KB time and ≤ 1 s.
+Goal (bench/README.md): redaction is linear; 1 MB takes ≤ 12× the 100 KB time and ≤ 1 s.
 
 Mixed text is what reaches ``redact`` in production, repeated to size: agent log lines, JSON
 tool observations, prose with an occasional secret (one per ~2 KB), ``nvidia-smi`` output, long

@@ -1,6 +1,6 @@
 """Per-step overhead of Warden's loop, with LangGraph's StateGraph + PostgresSaver side by side.
 
-DESIGN.md budget: "Per loop step: ≤ 2 ms plus one database round trip."
+Budget (bench/README.md): per loop step, ≤ 2 ms plus one database round trip.
 
 What runs (one process, one throwaway PostgreSQL database created and dropped by Django's test
 database machinery, so nothing of yours is touched):
@@ -265,7 +265,7 @@ def main(argv=None) -> int:
                 pcol, ratio = f"{'unavailable':>17}", f"{'n/a':>16}"
             print(f"{n:>6} | {per:14.3f} | {per_db:6.3f} | {per - per_db:10.3f} | {qps:12.1f} | {budget:14.3f} | {'yes' if per <= budget else 'NO':>6} | {pcol} | {ratio}")
         print()
-        print("budget: 2 ms + one round trip per step (DESIGN.md); 'in db' is time inside database calls (commits")
+        print("budget: 2 ms + one round trip per step (bench/README.md); 'in db' is time inside database calls (commits")
         print("included), 'outside db' the loop's own Python; warden/langgraph < 1 means Warden is faster per step.")
     finally:
         if peer:

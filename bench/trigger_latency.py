@@ -1,7 +1,7 @@
-"""Event → run start latency of Warden's triggers (issue 10 §3), with the 5-minute beat side by side.
+"""Event → run start latency of Warden's triggers (bench/README.md), with the 5-minute beat side by side.
 
-Goal: ≤ 50 ms p95 for a P0 event on the leading edge (DESIGN.md: "event to run start: debounce
-window + ≤ 250 ms p95"). The Celery + Redis dispatch alone costs about 3 ms here.
+Goal: ≤ 50 ms p95 for a P0 event on the leading edge (and for a follow-up, event to run start:
+the debounce window + ≤ 250 ms p95). The Celery + Redis dispatch alone costs about 3 ms here.
 
 What runs: throwaway test databases (Django's test machinery; yours are not touched), the Redis
 of ``REDIS_URL`` (its trigger keys and this queue are cleared first), and one real Celery worker
@@ -251,7 +251,7 @@ def main(argv=None) -> int:
         print()
         print("leading edge: the run is claimed under the run lock this long after the event was recorded (Celery")
         print("publish, the worker's pick-up, the lock, draining the events, the run row). Follow-up: the run starts at")
-        print("the window's end; the figure is the time past that end (DESIGN.md: window + ≤ 250 ms p95). Demo kill:")
+        print("the window's end; the figure is the time past that end (goal: window + ≤ 250 ms p95). Demo kill:")
         print("from calling kill_one_worker (SIGKILL, re-sync of the local provider, the worker_died event) to the run.")
         print("'of which': the database part of the leading edge (run lock, draining Redis, the run row: 4 round trips and")
         print("one commit), timed in this process without Celery; the rest of the leading edge is Celery's publish and pick-up.")

@@ -20,7 +20,7 @@ app.autodiscover_tasks()
 
 @beat_init.connect
 def tick_at_start(sender=None, **kwargs) -> None:
-    """Write beat's tick as soon as beat starts (issue 12 §1): ``/healthz`` then reports beat up
+    """Write beat's tick as soon as beat starts: ``/healthz`` then reports beat up
     at once instead of 503 "beat has never ticked" until the first scheduled tick has gone through
     the broker and a worker (about 30 s). A Redis that cannot be reached is only logged."""
     import logging

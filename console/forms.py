@@ -10,7 +10,7 @@ from django.core.exceptions import ValidationError
 
 from fleet.numbers import NumberError, parse_number
 
-#: the longest value each operator input may have, in characters (issue 11 §1.2)
+#: the longest value each operator input may have, in characters (docs/safety.md, Input caps and secrets)
 CAPS = {
     "message": 4000,  # a chat message to the agent (agent.actions.do_post_message checks it too)
     "reason": 500,  # why: actions, cordon, settings, observe-only, reset, target

@@ -1,4 +1,5 @@
-"""Warden settings: every knob comes from the environment (README lists them all).
+# Over 500 lines on purpose: every WARDEN_* setting is read here and only here (docs/settings.md).
+"""Warden settings: every knob comes from the environment (docs/settings.md lists them all).
 
 Bad values stop the process with one line that names the setting and what to do
 (raised as ``SystemExit``), so daphne, Celery and ``manage.py`` all fail the same way.
@@ -349,16 +350,16 @@ WARDEN = {
     "DEMAND_TIMEOUT_S": envfloat("WARDEN_DEMAND_TIMEOUT_S", 5.0),
     "DEMAND_TOKEN_ENV": os.environ.get("WARDEN_DEMAND_TOKEN_ENV", "").strip(),
     "DEMAND_TOKEN_FILE": os.environ.get("WARDEN_DEMAND_TOKEN_FILE", "").strip(),
-    # Curio proving task names counted as demand (curio.md §3.3)
+    # Curio proving task names counted as demand (docs/curio.md, Demand)
     "TASK_NAMES": env.list("WARDEN_TASK_NAMES", default=["PoRep", "UpdateProve", "PSProve"]),
     # observe heartbeat (Celery beat), seconds
     "OBSERVE_INTERVAL_S": envint("WARDEN_OBSERVE_INTERVAL_S", 300, minimum=1),
-    # event triggers (agent.triggers): on, and the debounce window of each priority, seconds (seed 002)
+    # event triggers (agent.triggers): on, and the debounce window of each priority, seconds (docs/agent.md, Triggers)
     "EVENT_TRIGGERS": envbool("WARDEN_EVENT_TRIGGERS", True),
     "TRIGGER_WINDOWS_S": {"P0": envfloat("WARDEN_TRIGGER_P0_WINDOW_S", 2.0), "P1": envfloat("WARDEN_TRIGGER_P1_WINDOW_S", 10.0)},
     # run lock expiry, seconds: a crashed run frees the agent after this
     "RUN_LOCK_TTL_S": envint("WARDEN_RUN_LOCK_TTL_S", 600, minimum=1),
-    # rules policy: queue empty this long before an idle worker is retired (autoscalers.md §1.7 rule 3)
+    # rules policy: queue empty this long before an idle worker is retired (cluster-autoscaler's scale-down-unneeded-time)
     "DWELL_MIN": envfloat("WARDEN_DWELL_MIN", 15),
     # no retire within this long after a launch (cluster-autoscaler scale-down-delay-after-add)
     "HOLD_OFF_MIN": envfloat("WARDEN_HOLD_OFF_MIN", 10),
@@ -397,7 +398,7 @@ WARDEN = {
     "STOP_GRACE_S": envfloat("WARDEN_STOP_GRACE_S", 10),
     # reconcile (fleet.sync): an instance labelled ours with no row is adopted, or adopted and
     # then destroyed by the monitor (audited either way); a row the provider no longer lists is
-    # marked vanished only once it is older than the grace (provider lag: autoscalers.md rule 8)
+    # marked vanished only once it is older than the grace (a provider's list can lag a create)
     "ORPHANS": envchoice("WARDEN_ORPHANS", "adopt", ("adopt", "destroy")),
     "VANISH_GRACE_MIN": envfloat("WARDEN_VANISH_GRACE_MIN", 10),
     # the demo worker (fleet/worker.py): a machine silent this long is removed and its tasks

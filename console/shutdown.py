@@ -1,7 +1,7 @@
 """The console's last line when it stops (Ctrl-C on ``make run``): what keeps running.
 
 The local demo's worker processes run in their own sessions, so they outlive the console, as a
-real fleet's machines outlive its control plane (issue 12 §1: kept on purpose). The line says so
+real fleet's machines outlive its control plane (kept on purpose). The line says so
 and names the command that ends them, ``make stop``.
 """
 

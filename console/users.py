@@ -1,6 +1,6 @@
 """Console users and their roles: who may look, who may act, who may manage users.
 
-Roles (issue 11 §2; the one place the rule lives):
+Roles (docs/operations.md, Users and roles; the one place the rule lives):
 
 - ``superuser``: everything an operator does, plus the Users page (add, change role, deactivate);
 - ``operator`` (group ``operators``): acts and approves;

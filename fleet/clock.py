@@ -1,6 +1,6 @@
 """The one clock every guard, freshness check, expiry, wall-clock budget and backoff reads.
 
-DESIGN.md invariant 8: replay swaps in a :class:`VirtualClock` so a scenario runs on virtual
+docs/safety.md invariant 8: replay swaps in a :class:`VirtualClock` so a scenario runs on virtual
 time (sleeps advance it without waiting). Code reads ``clock.now()`` / ``clock.sleep(s)`` /
 ``clock.monotonic()`` — never ``timezone.now()`` or ``time.sleep`` directly.
 """

@@ -1,4 +1,4 @@
-"""A cordon is Warden's state (issue 11 §1.8): ``Instance.cordoned`` records it, and it is put back
+"""A cordon is Warden's state (docs/curio.md, Grants: Warden may write only the cordon flag): ``Instance.cordoned`` records it, and it is put back
 on the worker whenever the worker could have lost it.
 
 Curio keeps its cordon bit in ``harmony_machines.unschedulable``; a node that restarts

@@ -1,7 +1,7 @@
 """What the fleet costs: the rate each status bills, and spend to date from the time an instance
 spent in each billed state.
 
-Billing (vastai.md §2.4): "Storage charges begin at creation. GPU charges begin when status reaches
+Billing (vast.ai's instance docs): "Storage charges begin at creation. GPU charges begin when status reaches
 running"; ``stopped`` is "halted — disk charges only"; ``frozen`` keeps paying GPU charges; destroy
 "stops all billing". So an instance pays its ``dph`` while GPU-billed (:data:`GPU_BILLED`), its
 ``storage_dph`` in every other state until it is killed, and nothing after ``killed_at``.

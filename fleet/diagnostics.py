@@ -1,8 +1,8 @@
 """Diagnosing instances: collect evidence (SSH, else the provider's data) and judge it.
 
-Order (``reference/gpu-faults.md`` §4.4, issue 10 §2): reachable over SSH? then ``nvidia-smi -L``
-classified per §4.1 (host-level vs container-level faults), the ``--query-gpu`` CSV and
-``nvidia-smi -q -d ECC,ROW_REMAPPER`` (§4.2, §4.3), kernel Xid lines where visible, the process
+Order (docs/operations.md, Diagnosis): reachable over SSH? then ``nvidia-smi -L`` classified into
+host-level vs container-level faults, the ``--query-gpu`` CSV and ``nvidia-smi -q -d
+ECC,ROW_REMAPPER`` (ECC counts and row remapping, after NVIDIA's docs), kernel Xid lines where visible, the process
 list, uptime, disk, memory, the worker's log tail and a ``journalctl`` tail (:func:`commands_for`).
 A command that answers rc 127 is missing evidence, not a failure. When SSH cannot connect, the
 verdict falls back to the provider's status and Curio's heartbeat; the connection failure is
@@ -33,7 +33,7 @@ from fleet.models import Diagnosis, Instance
 from fleet.secrets import redact, redact_obj
 from fleet.ssh import Unreachable
 
-#: the ``--query-gpu`` fields read (gpu-faults.md §4.3; driver 580 reports the throttle reasons
+#: the ``--query-gpu`` fields read (``nvidia-smi --help-query-gpu``; driver 580 reports the throttle reasons
 #: under the header ``clocks_event_reasons.active`` but still accepts this name)
 QUERY_FIELDS = (
     "index", "name", "uuid", "pci.bus_id", "driver_version", "temperature.gpu", "utilization.gpu", "memory.used",
@@ -65,7 +65,7 @@ _GPU_LINE = re.compile(r"^GPU \d{1,4}:", re.M)
 #: a kernel Xid report: ``NVRM: Xid (PCI:0000:3b:00): 79, pid=..., GPU has fallen off the bus.``
 _XID = re.compile(r"NVRM: Xid \([^)\n]{0,64}\): (\d{1,3})")
 
-# (pattern, health, class, cause) — first match wins; gpu-faults.md §4.1
+# (pattern, health, class, cause) — first match wins; a lost or unusable GPU is the host's fault
 _NVIDIA_RULES = [
     (re.compile(r"GPU is lost|fallen off the bus", re.I), "failed", "host", "GPU lost (NVML 15 / Xid 79): host-level fault"),
     (re.compile(r"Unable to determine the device handle", re.I), "failed", "host", "GPU device handle unavailable: hardware suspect"),
@@ -74,7 +74,7 @@ _NVIDIA_RULES = [
     (re.compile(r"Failed to initialize NVML: Unknown Error", re.I), "failed", "container", "container lost GPU access: recreate the container"),
     (re.compile(r"No devices were found", re.I), "failed", "container", "no GPU visible (NVML 6)"),
 ]
-#: nvidia-smi exit codes (NVML return codes, gpu-faults.md §4.1) when the text names no known fault
+#: nvidia-smi exit codes (NVML's return codes) when the text names no known fault
 _NVIDIA_EXIT = {
     4: ("degraded", "container", "nvidia-smi has no permission (NVML 4): the container's device access"),
     6: ("failed", "container", "no GPU visible (NVML 6)"),
@@ -86,7 +86,7 @@ _NVIDIA_EXIT = {
     17: ("failed", "container", "GPU access blocked by the OS or cgroups (NVML 17)"),
     18: ("failed", "host", "driver/library version mismatch (NVML 18): host needs reboot"),
 }
-#: Xid -> (health, class, meaning); gpu-faults.md §4.2. 79/48/64/95 are host faults (issue 10 §2)
+#: Xid -> (health, class, meaning), after NVIDIA's Xid catalogue. 79/48/64/95 are host faults
 _XID_RULES = {
     79: ("failed", "host", "GPU has fallen off the bus"),
     48: ("failed", "host", "double-bit ECC error"),
@@ -108,7 +108,7 @@ _RANK = {"healthy": 0, "degraded": 1, "failed": 2}
 
 
 class Verdict(BaseModel):
-    """A judge's verdict (issue 10 §2): ``health``, ``fault_class`` (``class`` in JSON), ``cause``
+    """A judge's verdict (docs/operations.md, Diagnosis): ``health``, ``fault_class`` (``class`` in JSON), ``cause``
     (one sentence), ``evidence`` (the observed lines that support it, at most 12), ``confidence``
     (0..1). A model's answer is parsed with :meth:`model_validate` (``class`` accepted as alias);
     anything outside the schema raises ``pydantic.ValidationError``."""
@@ -142,7 +142,7 @@ def commands_for(instance=None) -> list[str]:
 
 
 def _scan(text: str) -> list[str]:
-    from agent.untrusted import scan_for_injection  # the one scanner (seed 001 "Injection")
+    from agent.untrusted import scan_for_injection  # the one scanner (docs/safety.md, Untrusted text)
 
     return scan_for_injection(text)
 
@@ -280,7 +280,7 @@ def judge(evidence: dict, *, status: str, worker=None, reachable: bool = True) -
 
 
 def judge_rules(evidence: dict, *, status: str, worker=None, reachable: bool = True) -> Verdict:
-    """Rules judge (gpu-faults.md §4.1, §4.2, §4.4; issue 10 §2): a :class:`Verdict` from evidence,
+    """Rules judge (docs/operations.md, Diagnosis; NVIDIA's Xid catalogue): a :class:`Verdict` from evidence,
     the provider's status and the worker's view.
 
     ``evidence`` maps each command to ``{"rc", "out"}`` (:func:`collect`); ``status`` is the
@@ -366,7 +366,7 @@ def judge_rules(evidence: dict, *, status: str, worker=None, reachable: bool = T
                 findings.append(("failed", "host", f"GPU {g['gpu']}: row remapping failed", "Remapping Failure Occurred: Yes", 0.9))
             elif g["remap_pending"]:
                 findings.append(("degraded", "host", f"GPU {g['gpu']}: row remap pending (a reset fixes it)", "Remapped Rows Pending: Yes", 0.8))
-            if (g["sram_uncorrectable"] or 0) > 4:  # gpu-faults.md §4.2: aggregate SRAM uncorrectable > 4 => RMA
+            if (g["sram_uncorrectable"] or 0) > 4:  # NVIDIA: aggregate SRAM uncorrectable > 4 => RMA
                 findings.append(("failed", "host", f"GPU {g['gpu']}: {g['sram_uncorrectable']} SRAM uncorrectable errors (RMA)",
                                  f"SRAM Uncorrectable {g['sram_uncorrectable']}", 0.85))
             elif (g["dram_uncorrectable"] or 0) > 0:
@@ -444,7 +444,7 @@ def diagnose(instance: Instance, *, worker=None, timeout_s: float = 30, judge_fn
         evidence["injection"] = [{"command": c, "fragment": f[:120]} for c, f in hits]
         raise_alert("prompt_injection", f"instruction-like text in the diagnose_instance evidence of {instance.external_id} "
                     f"({_short(cmd)}): {fragment[:120]}", severity="P1", key=f"prompt_injection:diagnosis:{instance.external_id}")
-    if verdict.fault_class == "host":  # gpu-faults.md §4.1: replace it and avoid that machine in later offers
+    if verdict.fault_class == "host":  # a host fault: replace it and avoid that machine in later offers
         from fleet.machines import remember_failure
 
         remember_failure(instance, f"host fault diagnosed: {redact(verdict.cause)}")

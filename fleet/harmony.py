@@ -1,6 +1,7 @@
 """Curio's HarmonyDB tables as unmanaged models, read (and, by the demo worker, written) via the ORM.
 
-Source: ``../shared/reference/curio.md`` §3.2 (tables and columns at Curio HEAD 2026-08).
+Source: Curio's own migrations (``harmony/harmonydb/sql``, tables and columns at Curio HEAD 2026-08;
+``tests/curio_schema.sql`` holds them as they stand; docs/curio.md says what is read).
 The tables live in the database alias ``harmony``; against a real Curio point
 HARMONY_DATABASE_URL at its Yugabyte/PostgreSQL with ``?search_path=curio`` (Curio's form; settings
 turn it into ``?options=-csearch_path%3Dcurio``). The sealing pipeline tables are read for the
@@ -88,7 +89,7 @@ class SectorsSnapPipeline(models.Model):
     """``sectors_snap_pipeline`` (Curio migration 20240611-snap-pipeline): one SnapDeals sector.
 
     Only the columns the demand reader needs: a sector with ``after_encode`` and not
-    ``after_prove`` and no ``task_id_prove`` waits for an UpdateProve (curio.md §4).
+    ``after_prove`` and no ``task_id_prove`` waits for an UpdateProve (docs/curio.md, Demand).
     """
 
     pk = models.CompositePrimaryKey("sp_id", "sector_number")
@@ -108,7 +109,7 @@ class SectorsSdrPipeline(models.Model):
     """``sectors_sdr_pipeline`` (Curio migration 20231217-sdr-pipeline): one sector being sealed.
 
     A sector whose precommit landed (``after_precommit_msg_success``, ``seed_epoch`` set) with no
-    ``task_id_porep``, not ``after_porep`` and not ``failed`` waits for a PoRep (curio.md §4;
+    ``task_id_porep``, not ``after_porep`` and not ``failed`` waits for a PoRep (docs/curio.md, Demand;
     approximate: Curio also waits for the chain to pass the seed epoch).
     """
 
@@ -191,7 +192,7 @@ def sqlstate(exc: BaseException) -> str | None:
 def set_unschedulable(machine_name: str, value: bool, alias: str = HARMONY_ALIAS) -> int:
     """Cordon (``True``) or uncordon a Curio node by its ``machine_name``; returns rows changed.
 
-    Curio's cordon bit is ``harmony_machines.unschedulable`` (curio.md §3.3): the node finishes
+    Curio's cordon bit is ``harmony_machines.unschedulable`` (docs/curio.md): the node finishes
     what it owns and takes no new work. Raises ``fleet.demand.base.DemandError`` naming the grant
     when the database role may not write it (SQLSTATE 42501, e.g. the console's read-only role).
     """

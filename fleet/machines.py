@@ -1,6 +1,6 @@
 """Machines an instance of ours failed on, remembered so later offers leave them out.
 
-SkyPilot's vast provisioner does the same (``excluded_machine_ids``, autoscalers.md §1.3): a
+SkyPilot's vast provisioner does the same (``excluded_machine_ids``): a
 replacement on the machine that just failed is likely to fail again.
 """
 

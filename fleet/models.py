@@ -12,7 +12,7 @@ from fleet.harmony import (  # noqa: F401  (registered with the app)
     HarmonyTaskHistory,
 )
 
-# Provider statuses (vast.ai's ``actual_status`` vocabulary, vastai.md §2.4) plus our own.
+# Provider statuses (vast.ai's ``actual_status`` vocabulary, from vast.ai's instance docs) plus our own.
 PENDING_STATUSES = {"created", "loading", "scheduling", "rebooting", ""}
 # what makes an instance terminal is agent.lifecycle.is_terminal (statuses alone do not)
 BILLABLE_STATUSES = {"running", "frozen", "loading", "created", "scheduling", "rebooting", "stopped"}
@@ -26,10 +26,10 @@ class Instance(models.Model):
     ``killed_at`` set means the instance is gone (destroyed or vanished) and kept for history.
     ``dph`` is dollars per hour while the GPU is billed (vast ``dph_total``: running, frozen,
     rebooting); ``storage_dph`` dollars per hour for the disk alone, what a stopped (or still
-    loading) instance pays (vastai.md §2.4: "Storage charges begin at creation. GPU charges begin
+    loading) instance pays (vast.ai's billing: "Storage charges begin at creation. GPU charges begin
     when status reaches running"; 0 where the provider charges nothing, e.g. local and owned hosts).
     Spend is accounted by ``fleet.cost`` from the :class:`StatusChange` rows. ``cordoned`` is Warden's record of an operator's cordon: it is
-    re-applied to the worker after a reboot, a resume or a re-registration (issue 11 §1.8).
+    re-applied to the worker after a reboot, a resume or a re-registration (``fleet.cordon``).
     """
 
     provider = models.CharField(max_length=20)
@@ -48,7 +48,7 @@ class Instance(models.Model):
     pid = models.IntegerField(null=True, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
     log_path = models.CharField(max_length=500, blank=True)
-    # Curio machine_name this instance's worker registers under (curio.md §3.4 mapping)
+    # Curio machine_name this instance's worker registers under (docs/curio.md, Workers: mapped by machine_name)
     worker_name = models.CharField(max_length=100, blank=True)
     created_at = models.DateTimeField()
     started_at = models.DateTimeField(null=True, blank=True)
@@ -87,7 +87,7 @@ class FailedMachine(models.Model):
     """A provider machine an instance of ours failed on; left out of later offer searches.
 
     SkyPilot's vast provisioner remembers the ``machine_id`` of a failed attempt and retries on a
-    different machine (autoscalers.md §1.3, ``excluded_machine_ids``). ``failures`` counts the
+    different machine (as SkyPilot's vast provisioner does with ``excluded_machine_ids``). ``failures`` counts the
     instances that failed there; ``reason`` is the latest one's.
     """
 
@@ -165,7 +165,7 @@ class Diagnosis(models.Model):
 class Alert(models.Model):
     """Something an operator should look at. Deduplicated per episode by ``key``.
 
-    ``kind`` is one of SCENARIOS.md's alert kinds (workers_dead, demand_unknown, provider_error,
+    ``kind`` is one of docs/contract.md's alert kinds (workers_dead, demand_unknown, provider_error,
     prompt_injection, breaker_tripped, destroy_unconfirmed, stuck_provisioning, budget, escalation,
     stale_claim, instance_exited, planner_fallback). ``count``: how many times the condition
     recurred while this alert was open (``fleet.alerts.raise_alert(recurring=True)``).

@@ -1,4 +1,5 @@
-"""The monitor's lifecycle rules (seed 002; autoscalers.md §1.7 rules 7–9; SCENARIOS.md cycle order 2).
+"""The monitor's lifecycle rules: replace what is terminal, confirm a destroy, mind the orphans
+(docs/contract.md, The cycle, step 2; docs/safety.md, The monitor is an actor like the agent).
 
 Pure decisions over the cycle's world; ``agent.monitor_runner`` runs them through the same
 policy table (``TOOL:monitor`` keys, its own default ``auto``), observe-only switch, guards,

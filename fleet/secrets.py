@@ -1,6 +1,6 @@
 """Secrets are referenced, resolved at use, and redacted where text enters.
 
-Seed 003 ("reference, not plaintext"). :func:`resolve` turns a reference (``env:NAME`` or
+A secret is a reference, never plaintext. :func:`resolve` turns a reference (``env:NAME`` or
 ``file:/path``) into the value at the moment of use; :func:`redact` removes secret-shaped strings
 from any text. Stored text is redacted once, where it is written: every text column of ``agent``
 and ``fleet`` (:func:`install_field_redaction`); logs by :class:`RedactingFilter`; what is sent

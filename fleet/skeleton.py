@@ -1,4 +1,4 @@
-"""Unicode's confusable skeleton (UTS #39 §4, "Confusable Detection"), from Unicode's own data.
+"""Unicode's confusable skeleton (UTS #39 section 4, "Confusable Detection"), from Unicode's own data.
 
 Two strings are confusable when their skeletons are equal: ``skeleton(X) = NFD(map(NFD(X)))``,
 where ``map`` replaces each code point by its prototype in Unicode's ``confusables.txt`` (Cyrillic

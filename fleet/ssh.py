@@ -1,3 +1,4 @@
+# Over 500 lines on purpose: connect budget, reuse pool, host keys and commands share one paramiko session.
 """The SSH transport: run commands on a machine with paramiko (diagnostics, SSH-host providers).
 
 :class:`SSHRunner` is a context manager; connecting raises :class:`Unreachable`, whose ``kind``
@@ -5,7 +6,7 @@ says how it failed (:data:`KINDS`): a host that accepts TCP and never speaks is 
 traceback. It lives below both ``fleet.diagnostics`` and ``fleet.providers`` so neither imports
 the other for it.
 
-Budgets (issue 10 §2): connecting (TCP, banner, authentication) takes at most
+Budgets (docs/operations.md, Diagnosis): connecting (TCP, banner, authentication) takes at most
 :data:`CONNECT_TIMEOUT_S` seconds in all (paramiko's own banner default is 15 s), so a dead host
 costs no more than that; each command has its own timeout. One connection per host is kept in
 :data:`POOL` and reused by later runners for :data:`IDLE_REUSE_S` seconds after its last use.
@@ -20,9 +21,9 @@ from fleet.clock import clock
 
 #: the most characters of one command's output kept
 MAX_OUTPUT_CHARS = 8000
-#: seconds for TCP connect + SSH banner + authentication together (issue 10 §2)
+#: seconds for TCP connect + SSH banner + authentication together
 CONNECT_TIMEOUT_S = 5.0
-#: seconds an idle connection is kept for reuse after its last use (issue 10 §2)
+#: seconds an idle connection is kept for reuse after its last use
 IDLE_REUSE_S = 120.0
 #: how an SSH connection failed: ``refused`` (nothing listens), ``timeout`` (no TCP answer),
 #: ``banner`` (TCP accepted, no SSH banner in time), ``auth`` (key refused), ``key`` (our key file
@@ -250,7 +251,7 @@ class SSHRunner:
                 kind = classify(exc)
                 backoff = self.retry_backoff_s * attempt
                 if kind == "refused" and attempt < self.connect_attempts and time.monotonic() + backoff < deadline:
-                    clock.sleep(backoff)  # gpu-faults.md §4.4: retry before a verdict, within the budget
+                    clock.sleep(backoff)  # one failed connection is no verdict: retry within the budget
                     continue
                 what = {"refused": "connection refused", "timeout": f"no TCP answer within {remaining:.1f}s",
                         "dns": "host name not known"}.get(kind, str(exc) or type(exc).__name__)

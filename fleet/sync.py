@@ -22,7 +22,7 @@ FAILED_STATUSES = {"error", "exited", "unknown", "offline"}
 
 def vanish_grace() -> timedelta:
     """How young an instance may be and still be missing from the list without being marked
-    vanished (provider lag; autoscalers.md rule 8): ``WARDEN_VANISH_GRACE_MIN``, default 10 min."""
+    vanished (a provider's list can lag a create): ``WARDEN_VANISH_GRACE_MIN``, default 10 min."""
     return timedelta(minutes=float(settings.WARDEN.get("VANISH_GRACE_MIN", 10)))
 
 #: ProviderInstance field -> Instance field copied on every sync

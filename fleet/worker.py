@@ -2,7 +2,7 @@
 
 Run as ``python -m fleet.worker --name local-1 [--proof-seconds S] [--heartbeat S]``. It sets up
 Django itself (``console.settings``; DATABASE_URL / HARMONY_DATABASE_URL / WARDEN_VAR_DIR come
-from the environment it inherits) and uses the ORM on alias ``harmony`` (curio.md §3.2-3.3):
+from the environment it inherits) and uses the ORM on alias ``harmony`` (docs/curio.md):
 
 - registers a ``harmony_machines`` row (reusing the row of its own ``machine_name`` after a
   restart) and a ``harmony_machine_details`` row with its task names and ``machine_name``;

@@ -1,4 +1,4 @@
-// Warden console live updates (htmx 2 ws extension; reference/console-ux.md §3.4).
+// Warden console live updates (htmx 2 ws extension: the socket names regions, the page re-fetches them).
 // The server pushes {"trigger": "<topic>"}; we fire that event on <body> and the regions listening
 // for it re-fetch their own partial. On (re)connect and when the tab becomes visible every region
 // re-fetches ("console-resync"), since the channel layer does not replay missed signals.

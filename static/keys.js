@@ -1,4 +1,4 @@
-// Warden console keyboard and theme (issue 12 §2; reference/console-ux.md §2.2: Langfuse-style J/K).
+// Warden console keyboard and theme (docs/operations.md, Keyboard and theme: Langfuse-style J/K).
 //
 // Keys, ignored while typing in a field or with Ctrl/Alt/Meta:
 //   j / k   next / previous item of the page's lists: approval cards first, then table rows

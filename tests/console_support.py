@@ -20,10 +20,14 @@ def queue_name() -> str:
 
 
 def purge_broker() -> None:
-    """Drop every message waiting in the Warden queue of the test Redis db."""
+    """Drop every message waiting in the Warden queue of the test Redis db, and every message a
+    worker of an earlier test took and never acknowledged (kombu's ``unacked`` hash: a worker
+    killed while it held a task, which the broker would hand out again after its visibility
+    timeout — to this test's worker)."""
     client = broker()
     for key in client.keys(queue_name() + "*"):
         client.delete(key)
+    client.delete("unacked", "unacked_index")
 
 
 def tasks_done(text: str, task: str) -> set[str]:

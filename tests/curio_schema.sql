@@ -1,5 +1,5 @@
 -- The Curio HarmonyDB tables Warden reads, as they stand after all of Curio's migrations
--- (curio.md §3.2 and §4: filecoin-project/curio harmony/harmonydb/sql, HEAD 2026-08).
+-- (Curio's own migrations: filecoin-project/curio harmony/harmonydb/sql, HEAD 2026-08; docs/curio.md).
 -- Run with search_path set to the schema to create them in (Curio uses schema "curio").
 -- Foreign keys to tables Warden never reads (sectors_meta) are left out; every column is kept.
 

@@ -1,6 +1,6 @@
 """A Curio-shaped HarmonyDB for tests: schema ``curio`` on the harmony test database.
 
-The tables come from ``tests/curio_schema.sql`` (Curio's current columns, curio.md §3.2 and §4).
+The tables come from ``tests/curio_schema.sql`` (Curio's current columns, from its own migrations; docs/curio.md).
 The ``curio`` fixture creates them, points alias ``harmony`` at them the way an operator would
 (``HARMONY_DATABASE_URL=…?search_path=curio``, parsed by ``console.settings._db``), sets
 ``WARDEN_DEMAND_SOURCE=curio`` with Curio's 60-s heartbeat, and yields a :class:`CurioDB` that

@@ -2,9 +2,10 @@
 
 Each profile is what one machine answers: ``nvidia-smi -L``, the ``--query-gpu`` CSV
 (``noheader,nounits``), ``nvidia-smi -q -d ECC,ROW_REMAPPER``, ``dmesg`` and the worker's log,
-each as ``(exit code, text)``. The healthy H200 texts are the captures of
-``reference/gpu-faults.md`` §4.3 (driver 580.159.04, CUDA 13.0); the faults are the §4.1 messages
-with the exit codes NVML returns for them, and the §4.2 Xid lines as the kernel prints them.
+each as ``(exit code, text)``. The healthy H200 texts are captures from a real
+H200 (driver 580.159.04, CUDA 13.0); the faults are nvidia-smi's messages for a lost GPU, a lost
+device cgroup and an unloaded driver, with the exit codes NVML returns for them, and Xid lines
+(NVIDIA's Xid catalogue) as the kernel prints them.
 ``EXPECTED`` is the verdict each profile must get: ``(health, class)``.
 """
 

@@ -61,7 +61,7 @@ SECRETS = [
     ("passphrase", "wallet passphrase: gentle-otter-57-lamp", "gentle-otter-57-lamp"),
     ("cli_flag", "ran: mysql --password S3cretPw9 -h db", "S3cretPw9"),
     # quoted values are secret up to the closing quote, spaces and all; unquoted ones to the next
-    # whitespace, punctuation included (the tester's inputs of issue 11 §1.5)
+    # whitespace, punctuation included (inputs a tester once found leaking)
     ("chat_quoted_pair", 'DB creds: {"password": "QuotedPw77xyz"} and password: "correct horse battery staple"',
      "horse battery staple"),
     ("quoted_single_word_json", 'DB creds: {"password": "QuotedPw77xyz"}', "QuotedPw77xyz"),

@@ -8,7 +8,7 @@ the current user (root here, ``PermitRootLogin prohibit-password``). Nothing out
 temporary directory is touched except ``/run/sshd``, the privilege-separation directory sshd
 refuses to start without (created empty when missing). The real ``~/.ssh`` is never read.
 
-Tests play the GPU outputs of ``reference/gpu-faults.md`` §4.1 with :meth:`SSHServer.fake`
+Tests play GPU fault outputs (``tests/gpu_outputs.py``) with :meth:`SSHServer.fake`
 (a fake ``nvidia-smi`` printing a fixed text and exiting with a fixed code) and
 :meth:`SSHServer.remove` (the command is missing: the shell answers rc 127).
 
@@ -29,13 +29,13 @@ import pytest
 SSHD = Path("/usr/sbin/sshd")
 PRIVSEP_DIR = Path("/run/sshd")
 
-#: healthy ``nvidia-smi -L`` output captured on an H200 (gpu-faults.md §4.3)
+#: healthy ``nvidia-smi -L`` output captured on an H200
 HEALTHY_L = "GPU 0: NVIDIA H200 (UUID: GPU-af6c3b9f-248b-ed93-3ea3-397b89873ea4)"
-#: gpu-faults.md §4.1: NVML_ERROR_GPU_IS_LOST (15), a host-level fault
+#: NVML_ERROR_GPU_IS_LOST (15), a host-level fault
 GPU_LOST = "Unable to determine the device handle for GPU 0000:3B:00.0: GPU is lost. Reboot the system to recover this GPU"
-#: gpu-faults.md §4.1: the container lost its device cgroup access (host nvidia-smi still works)
+#: the container lost its device cgroup access (host nvidia-smi still works)
 NVML_UNKNOWN_IN_CONTAINER = "Failed to initialize NVML: Unknown Error"
-#: gpu-faults.md §4.1: driver not loaded (NVML 9)
+#: driver not loaded (NVML 9)
 DRIVER_NOT_LOADED = (
     "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
     "Make sure that the latest NVIDIA driver is installed and running."

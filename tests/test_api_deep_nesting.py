@@ -1,4 +1,4 @@
-"""The JSON API answers a body of deeply nested brackets with a clean JSON 400 (issue 11 §1.9):
+"""The JSON API answers a body of deeply nested brackets with a clean JSON 400:
 no 500, no HTML, no effect at the provider."""
 
 import json

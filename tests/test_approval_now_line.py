@@ -1,4 +1,4 @@
-"""An approval card's "now" line never lags a decision (issue 12): it is drawn only while the call
+"""An approval card's "now" line never lags a decision: it is drawn only while the call
 waits, says when it was read, and the inbox and the dashboard's column redraw it when the fleet or
 demand changes (not only every 30 s)."""
 

@@ -236,13 +236,15 @@ def test_an_approval_decided_while_another_run_holds_the_lock_still_executes_onc
     from agent.loop import acquire_lock, release_lock
 
     approval = park_a_launch()
-    workers("busy")
+    w = workers("busy")
     token = acquire_lock(ttl_s=600)  # a cycle in progress elsewhere
     assert token
     try:
         do_decide(approval, "approve", "user:alice", user=alice)
         start_resume(approval.run_id)
-        time.sleep(3)
+        # the positive signal: the worker ran the resume, met the busy lock and scheduled a retry
+        wait_for(lambda: "agent.tasks.resume[" in w.text() and "retry: Retry in" in w.text(), timeout=60,
+                 what=f"the resume task to meet the busy lock and retry; worker log:\n{w.text()}")
         assert Approval.objects.get(pk=approval.pk).status == "approved"
     finally:
         release_lock(token)

@@ -41,7 +41,7 @@ def test_it_lists_waiting_approvals_with_their_expiry(client, alice, parked):
     assert "stop_instance" in html and "v-1" in html and "idle past the dwell" in html
     assert re.search(r"expires in (29|30) min", html)  # approval_expiry_min is 30
     assert f'data-expires="{approval.expires_at.isoformat()[:19]}' in html
-    # no native 'required': an empty rejection reaches the server, which says why in the card (issue 12 §1)
+    # no native 'required': an empty rejection reaches the server, which says why in the card
     assert "Approve" in html and "Reject" in html and 'name="comment" maxlength="2000" aria-required="true"' in html
     assert f"run #{run.number}" in html
 

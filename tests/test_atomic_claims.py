@@ -1,4 +1,4 @@
-"""The claim is the check (issue 11 §1.3; SCENARIOS.md ``in_flight``): 20 simultaneous reboot POSTs
+"""The claim is the check (docs/contract.md ``in_flight``): 20 simultaneous reboot POSTs
 with different request keys start exactly one reboot.
 
 Each POST is a real request through the console's JSON API, sent from its own thread with its own

@@ -1,4 +1,4 @@
-"""Nothing is acted on without its audit row, and no error page hides an effect (issue 11 §1.4).
+"""Nothing is acted on without its audit row, and no error page hides an effect.
 
 - Input is validated before any effect: a lone surrogate or a NUL byte in a reason is refused (400,
   JSON from the API) and nothing happens — on PostgreSQL, where both are unstorable.

@@ -1,5 +1,5 @@
 """A parallel batch of more than 16 calls is refused whole before any call runs (``batch_too_large``,
-SCENARIOS.md; issue 11 §1.9: a 5,000-call batch once ran with no cap).
+docs/contract.md; a 5,000-call batch once ran with no cap).
 
 A replay file cannot hold such a batch (it is refused at load), so the real cycle is driven here
 with the replay's own pieces and a script planner given the batch directly.

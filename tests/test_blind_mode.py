@@ -1,4 +1,4 @@
-"""Blind mode (SCENARIOS.md; issue 11 §1.6): while demand is not ``ok`` nothing is destroyed
+"""Blind mode (docs/contract.md): while demand is not ``ok`` nothing is destroyed
 without an operator's approval.
 
 The incident, with real parts: a real local worker proves from the harmony database; the

@@ -1,4 +1,4 @@
-"""Issue 12 §1 in a real browser, at desktop width (1280 px) and at phone width (390 px): what the
+"""The console as a new user met it, in a real browser, at desktop width (1280 px) and at phone width (390 px): what the
 new user hit, checked where the operator sees it.
 
 - no page is wider than the screen at 390 px (the fleet table was 627 px);
@@ -111,6 +111,8 @@ class TestConsoleUxInABrowser(FleetBrowserTestCase):
             try:
                 page = self.log_in(browser, "/instances/local-1/", [])
                 page.on("dialog", lambda d: d.accept())
+                posts: list[str] = []
+                page.on("request", lambda r: posts.append(r.url) if r.method == "POST" else None)
                 for width in WIDTHS.values():
                     page.set_viewport_size({"width": width, "height": 900})
                     page.goto(self.live_server_url + "/instances/local-1/")
@@ -118,10 +120,16 @@ class TestConsoleUxInABrowser(FleetBrowserTestCase):
                     form = "#actions-local-1 form"
                     assert page.eval_on_selector(f"{form} select[name=action]", "e => e.value") == ""
                     page.fill(f"{form} input[name=reason]", "cost")
+                    page.eval_on_selector(f"{form} select[name=action]",
+                                          "e => { window.__invalid = 0; e.addEventListener('invalid', () => window.__invalid++) }")
+                    posts.clear()
                     page.click(f"{form} button[type=submit]")
-                    # nothing chosen: the browser says so on the field, and nothing is sent
+                    # nothing chosen: the browser refused the submission on the field (the positive
+                    # signal: its ``invalid`` event fired, and a refused form sends nothing after it)...
                     assert page.eval_on_selector(f"{form} select[name=action]", "e => e.validity.valueMissing")
-                    time.sleep(0.5)
+                    assert page.evaluate("window.__invalid") >= 1
+                    # ...so nothing was sent and nothing came back
+                    assert posts == [], posts
                     assert page.evaluate("document.querySelector('#page-alert').textContent.trim()") == ""
                 # a stop the guards refuse (no diagnosis; or gone: the local provider never ran local-1)
                 # lands at the top of the page, above the instance's title (here at phone width)

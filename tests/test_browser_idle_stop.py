@@ -17,7 +17,6 @@ park ``stop_instance`` for it.
 
 import json
 import re
-import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from django.utils import timezone
 from agent.models import Approval, AuditLog, Run, SideEffect, Step
 from fleet.models import Diagnosis, Instance
 from tests.browser_support import CHROMIUM, CHROMIUM_ARGS, FleetBrowserTestCase
+from tests.console_support import broker_idle
 from tests.fleet_support import machine_of, wait_for
 
 DWELL_MIN = 0.1  # 6 s: longer than one cycle takes, so the first cycle cannot retire anything
@@ -188,7 +188,9 @@ class TestIdleStopInABrowser(FleetBrowserTestCase):
         from agent.tasks import resume
 
         resume.apply(args=(run.pk,)).get()
-        time.sleep(1.0)  # anything still in the Celery queue has had its chance
+        # the positive signal: the worker has taken every task queued so far and acknowledged it,
+        # so nothing left in the broker can still act; then the checks that nothing more ran
+        wait_for(broker_idle, timeout=60, what=f"the broker to hold no task; worker log:\n{self.celery_log()}")
         assert SideEffect.objects.count() == 1
         assert SideEffect.objects.get().status == "done"
         assert AuditLog.objects.filter(verb="stop_instance", target=iid).count() == 1

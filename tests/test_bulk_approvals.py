@@ -1,5 +1,5 @@
-"""Bulk decisions in the approvals inbox, and the waiting count in the navigation (issue 12 §1:
-"four stop requests took four clicks"; "no count badge")."""
+"""Bulk decisions in the approvals inbox, and the waiting count in the navigation (four stop
+requests once took four clicks, and nothing counted what waits)."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""Without a model, the chat answers from the observed state (issue 7 §2): it says no model is
+"""Without a model, the chat answers from the observed state: it says no model is
 configured, names live and expected workers, the queue and backlog, what the cycle did and why,
 and what waits for approval; an instruction typed in chat is said plainly not to be acted on.
 Through the real view (``/actions/message/``), the real cycle (``run_cycle`` with the ``rules``

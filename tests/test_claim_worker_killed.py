@@ -1,4 +1,4 @@
-"""A Celery worker SIGKILLed between the claim and the provider call (issue 11 §1.1).
+"""A Celery worker SIGKILLed between the claim and the provider call (docs/faults.md).
 
 A real worker (``celery -A console worker --pool solo``) on this session's databases and Redis
 resumes an approved P1 launch on the ``local`` provider (a real worker process per launch). The
@@ -13,7 +13,7 @@ operator again (never voided as ``duplicate``) — and approving it again launch
 
 import fcntl
 import signal
-import time
+from pathlib import Path
 
 import pytest
 
@@ -24,11 +24,21 @@ from agent.monitor_runner import monitor_tick
 from agent.tasks import start_resume
 from fleet.models import Alert
 from tests import fleet_support
+from tests.console_support import broker_idle, tasks_done
 from tests.fleet_support import FLEET_DB, wait_for
 from tests.test_approval_restart import VISIBILITY_S, Worker, launched, park_a_launch, worker_env  # noqa: F401
 
 pytestmark = [FLEET_DB, pytest.mark.slow]  # real processes: `make test-slow`
 local_fleet = fleet_support.local_fleet
+
+
+def waits_for_flock(pid: int) -> bool:
+    """Whether process ``pid`` is blocked waiting for a ``flock`` (a ``->`` line of /proc/locks)."""
+    for line in Path("/proc/locks").read_text().splitlines():
+        fields = line.split()
+        if len(fields) > 5 and fields[1] == "->" and fields[2] == "FLOCK" and fields[5] == str(pid):
+            return True
+    return False
 
 
 @pytest.fixture
@@ -58,7 +68,8 @@ def test_a_worker_killed_after_claiming_loses_nothing_and_blocks_nothing(workers
         start_resume(run.pk)
         claim = wait_for(lambda: SideEffect.objects.filter(key=approval.idempotency_key).first(), timeout=60,
                          what=f"the worker to claim the launch; log:\n{victim.text()}")
-        time.sleep(0.5)  # it is now inside the provider call, waiting for the id counter
+        wait_for(lambda: waits_for_flock(victim.proc.pid), timeout=30,
+                 what="the worker to block inside the provider call, on the id counter's flock")
         victim.kill()
         assert victim.proc.returncode == -signal.SIGKILL
     finally:
@@ -92,7 +103,10 @@ def test_a_worker_killed_after_claiming_loses_nothing_and_blocks_nothing(workers
     start_resume(run.pk)
     wait_for(lambda: Approval.objects.get(pk=approval.pk).status == "executed", timeout=90,
              what=f"the re-approved launch to run; log:\n{survivor.text()}")
-    time.sleep(VISIBILITY_S + 2)  # the killed worker's unacked task comes back: it runs nothing
+    # the killed worker's unacked task comes back after the visibility timeout: the survivor has
+    # finished it too (two resume tasks done) and nothing is left queued or unacknowledged
+    wait_for(lambda: broker_idle() and len(tasks_done(survivor.text(), "agent.tasks.resume")) >= 2,
+             timeout=VISIBILITY_S + 60, what=f"the redelivered resume task to finish; log:\n{survivor.text()}")
     assert len(launched(local_fleet)) == 1
     assert Approval.objects.get(pk=approval.pk).status == "executed"
     assert SideEffect.objects.filter(key=approval.idempotency_key, status="done").count() == 1

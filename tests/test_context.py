@@ -1,5 +1,5 @@
 """The model planner's context: budgeted, compacted, observations as data, pairs intact; the
-advisory repeat reminder (seed 003) at 3, 5 and 8 identical calls, reset by an operator message."""
+advisory repeat reminder (docs/agent.md) at 3, 5 and 8 identical calls, reset by an operator message."""
 
 from itertools import count
 

@@ -1,4 +1,4 @@
-"""A cordon is Warden's state (issue 11 §1.8): re-applied after a reboot, a resume and a
+"""A cordon is Warden's state: re-applied after a reboot, a resume and a
 re-registration of the worker, so a cordoned worker never comes back schedulable and claims work.
 
 Real demo worker processes on the ``local`` provider, the real harmony tables on PostgreSQL.

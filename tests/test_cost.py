@@ -1,7 +1,7 @@
 """Spend to date from $/hr × time in each billed state (fleet.cost), through the real sync path.
 
 vast.ai bills storage from creation and the GPU only while running; a stopped instance still pays
-for its disk; destroy stops all billing (vastai.md §2.4). The rented provider stands in for the
+for its disk; destroy stops all billing (vast.ai's billing; docs/operations.md). The rented provider stands in for the
 cloud; time is virtual.
 """
 

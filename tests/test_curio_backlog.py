@@ -1,5 +1,5 @@
 """Work waiting in Curio's pipeline tables is demand: reported apart from the queue, sized for,
-and it blocks scale-down (issue 13 input 2; SCENARIOS.md version 2 ``backlog``).
+and it blocks scale-down (docs/replay.md version 2 ``backlog``).
 
 Curio adds an UpdateProve or PoRep queue row only on a live node that runs that task, so with no
 GPU worker alive ``harmony_task`` reads empty while sectors wait (the scale-to-zero trap).

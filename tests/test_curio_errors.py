@@ -1,4 +1,4 @@
-"""Errors reading a real Curio say what is wrong (issue 13 §2).
+"""Errors reading a real Curio say what is wrong.
 
 A missing column is a schema problem naming table, column and the Curio migration that added it;
 a missing grant loses only the fields its table feeds; a read restart (SQLSTATE 40001) is

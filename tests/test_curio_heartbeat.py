@@ -1,6 +1,6 @@
 """A real Curio node heartbeats every 60 s: it is live for three heartbeats, on the database's clock.
 
-Issue 13 input 1: a node whose last_contact is 30 s old read as dead three-quarters of the time
+Once, a node whose last_contact is 30 s old read as dead three-quarters of the time
 because the live window was three of the demo's 5-s heartbeats.
 """
 

@@ -1,5 +1,5 @@
 """proofs_hr and the measured proof time from Curio's task history; the rules planner sizes the fleet
-from the measured time when known, else from WARDEN_PROOF_SECONDS (SCENARIOS.md version 2 ``proof_s``)."""
+from the measured time when known, else from WARDEN_PROOF_SECONDS (docs/replay.md version 2 ``proof_s``)."""
 
 import pytest
 
@@ -69,7 +69,7 @@ def test_without_a_measurement_it_sizes_from_the_configured_proof_time(curio, se
 
 
 def test_the_demo_case_two_workers_proving_at_360_an_hour_ask_for_no_more(curio, settings):  # noqa: F811
-    """Run #4 of issue 8 §3: 2 workers live, 20 s per proof each (360/hr together), proving for 3
+    """A run once seen: 2 workers live, 20 s per proof each (360/hr together), proving for 3
     minutes. A trailing-hour count said 18/hr and asked for 4 workers; the measured rate says 360."""
     settings.WARDEN = {**settings.WARDEN, "MAX_INSTANCES": 20, "PROOF_SECONDS": 90.0}
     for name in ("local-1", "local-2"):
@@ -96,7 +96,7 @@ def test_proof_time_is_measured_per_worker_and_per_gpu_model(curio):  # noqa: F8
     curio.machine("rig-b", host="10.0.0.2:12300")
     curio.machine("rig-c", host="10.0.0.3:12300")
     curio.machine("", host="10.0.0.9:12300")           # no machine_name: not attributable
-    curio.machine("twin-1", host="172.17.0.2:12300")   # two rows share a host_and_port (curio.md §4):
+    curio.machine("twin-1", host="172.17.0.2:12300")   # two rows share a host_and_port (docs/curio.md):
     curio.machine("twin-2", host="172.17.0.2:12300")   # its proofs belong to neither
     for s in (30, 32, 34):
         curio.history(s, host="10.0.0.1:12300")

@@ -1,5 +1,5 @@
 """Worker rows that match no instance are reported as such, never folded into "dead"
-(issue 13 input 3; curio.md §4: map by machine_name, never host_and_port)."""
+(docs/curio.md, Workers: map by machine_name, never host_and_port)."""
 
 from agent.observe import World
 from fleet.demand import read_demand

@@ -174,7 +174,7 @@ def test_a_fresh_good_read_is_not_stale(client, alice, settings):
 def test_it_says_how_many_workers_are_still_in_their_startup_grace(client, alice, settings):
     settings.WARDEN = {**settings.WARDEN, "STARTUP_GRACE_S": 60}
     make_instances(2, started_at=timezone.now())
-    # the demand read counts who is starting: inside the grace and not heartbeating yet (issue 9 §1.7)
+    # the demand read counts who is starting: inside the grace and not heartbeating yet
     DemandSample.objects.create(taken_at=timezone.now(), state="ok", queued=3, running=2, workers_expected=0,
                                 workers_live=0, workers_dead=0, detail={"workers_starting": 2})
     client.force_login(alice)

@@ -1,5 +1,5 @@
 """An instance whose destroy was asked for but still runs is neither capacity nor forgotten
-(issue 9; SCENARIOS.md ``destroy_unconfirmed``, ``target_gone``).
+(docs/contract.md ``destroy_unconfirmed``, ``target_gone``).
 
 Still listed 15 minutes after its destroy: the ``destroy_unconfirmed`` alert fires, the monitor
 sends the destroy again (never refused ``target_gone``), and the ``rules`` planner does not count

@@ -1,5 +1,5 @@
 """A destroyed instance's Curio row (cordoned while it drained, then stale) is history, not an
-"unmatched" node with a CURIO_NODE_NAME hint (issue 12: seen on the dashboard after a destroy)."""
+"unmatched" node with a CURIO_NODE_NAME hint (seen on the dashboard after a destroy)."""
 
 from django.utils import timezone
 

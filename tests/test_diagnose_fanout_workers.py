@@ -1,4 +1,4 @@
-"""Diagnosis fan-out across two real Celery worker processes (issue 10 §2): a ``group`` of
+"""Diagnosis fan-out across two real Celery worker processes: a ``group`` of
 ``agent.tasks.diagnose_instances`` chunks, each worker diagnosing its chunk over SSH (the test
 sshd, recorded outputs) in its own thread pool, joined on the database by the caller. The
 workers diagnose and change nothing else: no run is started, no instance is touched.

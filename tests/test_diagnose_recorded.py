@@ -1,5 +1,5 @@
 """Every recorded GPU output (tests/gpu_outputs.py) served by a real sshd is classified by the rules
-judge as gpu-faults.md says; dead hosts (a stopped sshd, a socket that accepts and never speaks)
+judge as docs/operations.md (Diagnosis) says; dead hosts (a stopped sshd, a socket that accepts and never speaks)
 cost no more than the connect budget and are classified, never a traceback; a log with planted
 instructions raises ``prompt_injection`` and changes nothing.
 """
@@ -95,7 +95,7 @@ def test_gpu_lost_cites_the_xid_79_line(server, machine):
 
 
 def test_a_host_fault_leaves_its_machine_out_of_later_offers(server, machine):
-    """gpu-faults.md §4.1: a host-class verdict means "replace it and avoid that machine_id"."""
+    """A host-class verdict means "replace it and avoid that machine_id"."""
     from fleet.machines import excluded_machines
 
     machine.machine_id = "m-701"

@@ -1,4 +1,4 @@
-"""diagnose_instance over a real OpenSSH server: healthy, the §4.1 GPU faults, missing commands,
+"""diagnose_instance over a real OpenSSH server: healthy, the GPU faults of tests/gpu_outputs.py, missing commands,
 SSH refused (falls back to the provider's data), and the client always closed.
 
 The sshd is Debian's (``tests.sshd``) on a loopback port; the "rented" provider below stands in

@@ -1,4 +1,4 @@
-"""The rules planner acts on the diagnosis' class (issue 10 §2): host → replace and remember the
+"""The rules planner acts on the diagnosis' class: host → replace and remember the
 machine as bad; container → reboot; app → reboot; network → diagnose again later, never destroy
 (nor reboot) on one failure.
 

@@ -1,4 +1,4 @@
-"""The entailment check knows what the runtime computed itself (issue 12 §1: the deterministic
+"""The entailment check knows what the runtime computed itself (the deterministic
 planner's "want 4 workers" and "1 min dwell" were flagged as unsupported), and the traces page
 shows each flagged claim, not only a count."""
 

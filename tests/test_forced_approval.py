@@ -1,4 +1,4 @@
-"""Forced approval (SCENARIOS.md): these park with ``approval_required`` whatever the policy says
+"""Forced approval (docs/contract.md): these park with ``approval_required`` whatever the policy says
 (``auto`` included; ``forbidden`` still refuses): destroying a terminal instance while blind;
 stopping or destroying an instance whose dead worker still owns tasks; any side effect in a run
 after that run raised ``prompt_injection``. A live worker owning tasks is ``owned_tasks`` for every

@@ -1,4 +1,4 @@
-"""The guards report the first refusal in the contract's order (docs/replay.md, SCENARIOS.md), and
+"""The guards report the first refusal in the contract's order (docs/replay.md, docs/contract.md), and
 ``agent/guards.py`` says that order where a newcomer looks for it.
 
 Pairs the scenario files cannot set up in one file are driven here through the real cycle:

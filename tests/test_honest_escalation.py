@@ -1,4 +1,4 @@
-"""A report never says an action happened that was refused (issue 9 §1.3).
+"""A report never says an action happened that was refused.
 
 The only worker is dead with 40 tasks queued; the rules planner diagnoses it and proposes a
 reboot, which the guards refuse (a side effect on it is already in flight). The escalation to an

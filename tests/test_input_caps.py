@@ -1,6 +1,6 @@
 """Every operator input has a length cap, checked before any work: a too-long value is a 400 (form
 error or JSON) naming the field and its cap, and nothing happens (no run, no audit row, no state
-change). A 404 for a huge path logs a capped line (issue 11 §1.2)."""
+change). A 404 for a huge path logs a capped line."""
 
 import json
 import logging

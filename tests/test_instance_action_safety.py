@@ -1,5 +1,5 @@
 """The instance action form has no default action, and a refusal lands at the top of the page with
-its code and a detail that says what the code means (issue 12 §1 "Dangerous defaults")."""
+its code and a detail that says what the code means."""
 
 import re
 

@@ -1,4 +1,4 @@
-"""A crash is never silent (issue 9 §1.6; SCENARIOS.md alert ``instance_exited``).
+"""A crash is never silent (docs/contract.md alert ``instance_exited``).
 
 Real local workers on the test databases: ``demo kill-worker`` SIGKILLs one; the next observe
 cycle raises ``instance_exited`` with the evidence the local provider recorded (exit code -9),

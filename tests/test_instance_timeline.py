@@ -1,4 +1,4 @@
-"""The per-instance timeline (issue 12 §2): launches, diagnoses, actions, the agent's calls, alerts
+"""The per-instance timeline: launches, diagnoses, actions, the agent's calls, alerts
 and proof rates on one page, newest first, narrowed by ``?kind=``; the same number of queries
 however long the history."""
 

@@ -1,5 +1,5 @@
 """The observe phase's lifecycle alerts cost the same queries whatever the fleet's size
-(DESIGN.md: query count per cycle constant in fleet size) — and still resolve an open episode."""
+(bench/README.md: the query count per cycle is constant in fleet size) — and still resolve an open episode."""
 
 import pytest
 from django.db import connection

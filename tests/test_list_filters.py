@@ -1,5 +1,5 @@
-"""Filters and pages in the URL on the fleet and runs lists (issue 12 §1 "Lists without end", §2
-"Filters in the URL"): a reload or a shared link shows the same rows; the live region re-fetches
+"""Filters and pages in the URL on the fleet and runs lists (lists without end, filters
+in the URL): a reload or a shared link shows the same rows; the live region re-fetches
 the same URL; a bad filter is a 400 naming it; the query count does not grow with the list."""
 
 import re

@@ -96,7 +96,7 @@ def test_a_plain_answer_ends_the_run_with_its_verdict_and_usage(priced):
     sent = json.loads(call.request)
     system = sent["messages"][0]
     assert system["role"] == "system"
-    # seed 002's tiers (role, how it works, hard rules), then what changes: the fleet summary
+    # the prompt's three tiers (role, how it works, hard rules), then what changes: the fleet summary
     # after the hard rules, so a server's prompt cache matches everything before it
     assert system["content"].index("fleet agent") < system["content"].index("Hard rules") < system["content"].index('"v-101"')
     assert system["content"].rstrip().endswith("</verdict>.")
@@ -303,7 +303,7 @@ def test_a_streamed_request_retries_a_timeout_500_and_429_then_gives_up():
 @pytest.mark.django_db(transaction=True)
 def test_remembered_facts_reach_the_prompt_s_middle_tier(priced):
     """What the agent remembers (agent.memory) is recalled into the system prompt, between the
-    opening summary and the hard rules (seed 002's tiers)."""
+    opening summary and the hard rules (the prompt's tiers)."""
     from agent.memory import remember
 
     remember("provider_note", "host 5512", "reboots fix its Xid 79 within 2 minutes", importance=0.9)

@@ -1,4 +1,4 @@
-"""The agent's memory (issue 7 §4; ``agent.memory``): remember/recall through real cycles,
+"""The agent's memory (``agent.memory``): remember/recall through real cycles,
 structured facts that do not decay, long-term memories that halve every 7 days, the 20-message
 short-term buffer that promotes important messages on eviction, consolidation every 5th run
 (rule-made facts from host faults and rejections), full-text recall on PostgreSQL, word-share

@@ -1,4 +1,4 @@
-"""The Memory page (issue 7 §4): everyone signed in lists and filters what the agent remembers;
+"""The Memory page: everyone signed in lists and filters what the agent remembers;
 operators edit and delete facts, each an audited action; viewers see the same page and cannot act."""
 
 import pytest

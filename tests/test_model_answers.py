@@ -1,3 +1,4 @@
+# Over 500 lines on purpose: one behaviour (docs/model.md): a test per kind of model answer.
 """What a model server answers, and how Warden speaks to it (docs/model.md).
 
 Every test talks HTTP on loopback to the stand-in (agent/model_standin.py), which plays recorded

@@ -1,5 +1,5 @@
 """The run page shows each model call — what was sent (redacted) and what came back, tokens and
-cost — and the runs list shows a run's tokens and cost (issue 7 §1).
+cost — and the runs list shows a run's tokens and cost.
 
 The run is a real `llm` cycle against the local stand-in server (tests/scenarios/llm-tool-calls.json).
 """

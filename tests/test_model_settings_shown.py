@@ -1,5 +1,5 @@
 """The header says which planner is active, and the settings page names the model and the key's
-reference — never the key (issue 7 §1; the brief: secrets are never shown)."""
+reference — never the key (docs/safety.md invariant 6: secrets are never shown)."""
 
 import pytest
 from django.urls import reverse

@@ -1,5 +1,5 @@
-"""The monitor obeys the policy table and observe-only like every actor (SCENARIOS.md cycle order 2;
-issue 9 §1.1): ``forbidden`` on the tool binds it (skipped as ``forbidden_tool``, halting nothing),
+"""The monitor obeys the policy table and observe-only like every actor (docs/contract.md, The cycle, step 2):
+``forbidden`` on the tool binds it (skipped as ``forbidden_tool``, halting nothing),
 observe-only refuses its side effects, ``TOOL:monitor`` sets its own policy (default ``auto``), and
 an action that needs approval parks as an Approval row (step actor ``monitor``) dispatched like any
 approved call."""

@@ -1,5 +1,5 @@
 """What notifies and whom: ``escalate_human`` P0/P1 go to the notifications and the Alerts page,
-P2/P3 to the Alerts page only (issue 10 §2); P0/P1 alerts notify unless silenced; approvals
+P2/P3 to the Alerts page only; P0/P1 alerts notify unless silenced; approvals
 notify when parked, when about to expire and when expired; each operator gets only the kinds
 they ticked, once per event and channel."""
 

@@ -1,5 +1,5 @@
-"""A side-effect request whose answer is lost is never re-sent blind (DESIGN.md invariant 10;
-SCENARIOS.md ``outcome_unknown``; issue 9 §1.2).
+"""A side-effect request whose answer is lost is never re-sent blind (docs/safety.md invariant 10;
+docs/contract.md ``outcome_unknown``).
 
 The "rented" cloud stands in for an external provider (a test double is allowed for an external
 service); it counts every request that reaches it. A fault ``after_effect`` takes effect and then

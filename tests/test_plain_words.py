@@ -1,4 +1,4 @@
-"""State that no longer lies by omission and no jargon (issue 12 §1): exit codes in words, no
+"""State that no longer lies by omission and no jargon: exit codes in words, no
 process id on a stopped instance, instance pages titled by id, no "needs a diagnosis (428)" on a
 destroyed instance, turns counted from 1 and arguments shown as JSON."""
 

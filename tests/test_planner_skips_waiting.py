@@ -1,4 +1,4 @@
-"""The rules planner does not propose again what already waits for an operator (issue 12: the
+"""The rules planner does not propose again what already waits for an operator (once the
 re-proposals were refused ``duplicate``, noise in every later run), and a ``duplicate`` refusal
 names the call and the approval it repeats."""
 

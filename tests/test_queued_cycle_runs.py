@@ -1,5 +1,5 @@
 """A cycle the console calls "queued" does run, and a dead run's lock does not hold it up
-(issue 11 §1.1).
+(docs/faults.md).
 
 - "Trigger observe cycle now" stores a ``queued`` run with its audit row; the next cycle to start
   runs it, whichever task starts it.

@@ -138,7 +138,7 @@ def test_every_pattern_over_untrusted_text_has_bounded_work_per_start(name, patt
 
 
 @pytest.mark.parametrize("pattern", [
-    # the redactor of issue 11 (25 s for GET / plus 15,000 characters) and the verdict parser
+    # the redactor as it once was (25 s for GET / plus 15,000 characters) and the verdict parser
     r"""(?ix)((?:[\w-]*?(?:api[_-]?key|secret|password)[\w-]*)["']?\s*[:=]\s*["']?)([^\s"'&,;}]{4,})""",
     r"([a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s]*:)([^@\s]+)(@)",
     r"<verdict>(.*?)</verdict>",

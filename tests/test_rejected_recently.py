@@ -1,4 +1,4 @@
-"""A rejection is remembered (issue 9 §1.5; SCENARIOS.md ``rejected_recently``).
+"""A rejection is remembered (docs/contract.md ``rejected_recently``).
 
 An operator rejects "stop local-5" with "keep it warm". The same stop, proposed again by any
 planner, is refused ``rejected_recently`` until ``rejection_hold_min`` (default 60) passes or

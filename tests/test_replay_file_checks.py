@@ -1,5 +1,5 @@
 """A file replay cannot accept exits 2 with one line naming the field and the problem, never a
-traceback (docs/replay.md "Files replay refuses"; issue 11 §1.9).
+traceback (docs/replay.md "Files replay refuses").
 
 Most inputs go through :func:`agent.replay.load_scenario` (what the command calls first); the
 command itself is run on the inputs that once crashed or hung it (a FIFO, ``/dev/zero``, deep

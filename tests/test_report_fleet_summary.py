@@ -1,4 +1,4 @@
-"""The honest report's fleet line stays readable at 1,000 instances (issue 10 §3): each instance is
+"""The honest report's fleet line stays readable at 1,000 instances: each instance is
 named in a small fleet; a large one is counted by status, with the odd ones out still named."""
 
 from agent.report import fleet_summary

@@ -1,4 +1,4 @@
-"""Reset session (issue 7 §4; seed 002's session anchor): after the browser's confirmation it
+"""Reset session (docs/agent.md, the session anchor): after the browser's confirmation it
 clears the conversation — the chat and the model's context start empty, the short-term buffer is
 flushed (important messages promoted) — and keeps the run-id sequence, the objectives, the target,
 the overrides, the fleet snapshot and long-term memory. Run ids never repeat: across resets, and
@@ -22,7 +22,7 @@ def test_the_server_asks_first_saying_what_it_keeps_and_clears(client, alice, ht
     client.force_login(alice)
     html = client.get("/").content.decode()
     assert 'id="reset-session"' in html and "hx-confirm" not in html[html.index('id="reset-box"'):][:2000]
-    # it says what it clears and what it keeps, away from the demo's destructive buttons (issue 12 §1)
+    # it says what it clears and what it keeps, away from the demo's destructive buttons
     explained = html[html.index('id="reset-explained"'):]
     assert "Clears:" in explained and "Keeps:" in explained and "Nothing on the fleet changes" in explained
     controls = html[html.index('id="controls"'):html.index('id="controls"') + 3000]

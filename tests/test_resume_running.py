@@ -1,5 +1,5 @@
 """Resuming an instance the provider reports running is refused ``already_running`` and leaves its
-"running since" alone (issue 12: it was accepted and reset the clock). The status is the
+"running since" alone (it was once accepted and reset the clock). The status is the
 provider's at the click: the operator's action lists the fleet right before the guards."""
 
 import pytest

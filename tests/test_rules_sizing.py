@@ -71,7 +71,7 @@ def test_an_exited_worker_is_not_capacity_while_its_last_heartbeat_is_still_fres
 
 
 def test_a_live_worker_whose_provider_reads_offline_is_still_capacity():
-    """The other side (SCENARIOS.md): an offline or unknown provider status with a live worker is capacity."""
+    """The other side (docs/contract.md): an offline or unknown provider status with a live worker is capacity."""
     fleet = [entry("v-1"), entry("v-2", status="offline")]
     with scenario_world(fleet, {**QUEUED, "workers_expected": 2, "workers_live": 2},
                         objectives={"target_proofs_hr": 360, "max_instances": 6}):

@@ -1,4 +1,4 @@
-""""Export as scenario" (issue 12 §2): a real run's situation becomes a replay file (SCENARIOS.md
+""""Export as scenario": a real run's situation becomes a replay file (docs/contract.md
 version 2) that ``manage.py replay`` loads and runs; a ``rules`` run replays the rules planner,
 others their recorded calls; operator decisions are kept; secrets never leave."""
 

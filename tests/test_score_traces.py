@@ -133,7 +133,7 @@ def test_the_page_renders_for_a_viewer_and_needs_login(traces, bob):
     (["--epoch", str(10**23)], "--epoch must be between 0 and 1000000000"),
 ])
 def test_an_out_of_range_count_is_a_clean_error(args, problem):
-    # 10**23 once reached the database and came back as an IntegrityError traceback (issue 11 §1.9)
+    # 10**23 once reached the database and came back as an IntegrityError traceback
     from django.core.management.base import CommandError
 
     with pytest.raises(CommandError, match=problem):

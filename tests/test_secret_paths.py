@@ -1,4 +1,4 @@
-"""No secret shape of the corpus leaks through any path, end to end (issue 11 §1.5).
+"""No secret shape of the corpus leaks through any path, end to end.
 
 For each shape in ``tests/secret_corpus.py``: an operator types it into the chat (the real view);
 a tool returns it inside its result, the model repeats it in its answer, escalates with it and

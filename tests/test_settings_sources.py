@@ -1,5 +1,5 @@
 """The settings page's providers and demand sources: reference names only (variable names, file
-paths, addresses without credentials), never a secret's value (issue 8 §4; DESIGN.md invariant 6)."""
+paths, addresses without credentials), never a secret's value (docs/safety.md invariant 6)."""
 
 import pytest
 from django.urls import reverse

@@ -1,4 +1,4 @@
-"""Owned SSH hosts (issue 8 §2) against the real test sshd (``tests.sshd``).
+"""Owned SSH hosts against the real test sshd (``tests.sshd``).
 
 The hosts' start/stop/check commands are small shell scripts on the sshd's PATH that keep the
 "worker" as a file in the sshd's directory, so every call really travels over SSH.

@@ -1,4 +1,4 @@
-"""A stale approval spends nothing (issue 9 §1.4; SCENARIOS.md ``no_longer_needed``, ``target_gone``).
+"""A stale approval spends nothing (docs/contract.md ``no_longer_needed``, ``target_gone``).
 
 At dispatch the ``rules`` planner's own sizing runs again on the current demand, fleet and
 objectives: a launch or resume no longer needed is refused ``no_longer_needed`` (approved calls

@@ -1,5 +1,5 @@
-"""A side effect claimed but never finished is settled against the provider (SCENARIOS.md
-``stale_claim``; issue 9 §1.3, issue 11 §1.1): found there, adopted; not found, closed with the
+"""A side effect claimed but never finished is settled against the provider (docs/contract.md
+``stale_claim``): found there, adopted; not found, closed with the
 ``stale_claim`` alert naming it, never re-run, and an approval behind it back to ``waiting``.
 Settled claims block nothing.
 
@@ -63,7 +63,7 @@ def _calls(number):
 
 
 def test_claims_two_days_old_are_settled_alerted_and_block_nothing(cloud):
-    """Issue 9 §1.3: a launch and a reboot claimed two days ago by a worker killed mid-call; 40 tasks
+    """A launch and a reboot claimed two days ago by a worker killed mid-call; 40 tasks
     queued; the only worker dead. Before: every launch refused launch_pending, the reboot in_flight."""
     _policy(**{"launch_instance:P0": "auto", "reboot_instance": "auto"})
     cloud.add("v-1", "running", age_min=3000)
@@ -131,7 +131,7 @@ def test_a_stale_launch_found_at_the_provider_is_adopted_and_its_approval_execut
 
 
 def test_an_approval_behind_a_claim_that_never_ran_waits_again_and_runs_once_when_approved(cloud, client, alice):
-    """Issue 11 §1.1: never voided as ``duplicate`` for a call that did not run; never re-run silently."""
+    """Never voided as ``duplicate`` for a call that did not run; never re-run silently."""
     _policy()
     demo.enqueue(10)  # the launch is still needed when it is approved again
     run = run_cycle("test", planner=ScriptPlanner([{**LAUNCH, "args": {**LAUNCH["args"], "launch_priority": "P1"}}]))

@@ -1,4 +1,4 @@
-"""Start-up and shut-down as an operator sees them (issue 12 §1): beat writes its tick as it starts,
+"""Start-up and shut-down as an operator sees them: beat writes its tick as it starts,
 so ``/healthz`` does not answer 503 "beat has never ticked" for its first half-minute; the console's
 last line on Ctrl-C says the demo's workers keep running and that ``make stop`` ends them."""
 

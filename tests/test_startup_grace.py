@@ -1,4 +1,4 @@
-"""Working workers are never counted as starting or dead (issue 9 §1.7).
+"""Working workers are never counted as starting or dead.
 
 During the startup grace (``WARDEN_STARTUP_GRACE_S``), workers that already heartbeat are live:
 the grace only excuses instances whose worker is not heartbeating yet. The dashboard reads the same

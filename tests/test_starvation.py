@@ -1,4 +1,4 @@
-"""One slow launch must not starve a queue in silence (SCENARIOS.md "starvation").
+"""One slow launch must not starve a queue in silence (docs/contract.md "starvation").
 
 With tasks queued and no live worker, a launch pending longer than ``starve_min`` (default 30)
 raises ``stuck_provisioning`` once and stops counting for ``launch_pending``; it still counts

@@ -1,5 +1,5 @@
 """An instance stopped longer than ``stopped_destroy_h`` (default 24 h) still pays for its disk
-(vastai.md §2.4): the rules planner diagnoses it and proposes destroying it, which parks for an
+(vast.ai bills a stopped instance's disk): the rules planner diagnoses it and proposes destroying it, which parks for an
 operator (destroy_instance's policy); approved, it is destroyed. Never while work waits (it is
 resumed then), never before the limit, and not again while a rejection stands."""
 

@@ -1,4 +1,4 @@
-"""The target proofs/hr refuses what is not a plain number (issue 11 §1.9): ``-0``, ``1e-320``,
+"""The target proofs/hr refuses what is not a plain number: ``-0``, ``1e-320``,
 full-width digits, exponents, signs, infinities, NaN and too many decimals are refused with a
 message naming the problem; the stored target and the audit log are untouched."""
 

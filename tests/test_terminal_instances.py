@@ -1,4 +1,4 @@
-"""What "terminal" means (SCENARIOS.md "terminal instances"; issue 9 §1.1), through real cycles.
+"""What "terminal" means (docs/contract.md "terminal instances"), through real cycles.
 
 One definition (``agent.lifecycle.is_terminal``) serves the monitor, the guards and the rules
 planner: a live worker is never terminal; ``error`` is; ``exited`` only when we wanted it running
@@ -16,7 +16,7 @@ from tests.rails_support import calls, fleet_entry, rails_world, verdict
 
 pytestmark = pytest.mark.django_db
 
-#: issue 9 §1.1: 8 tasks queued, both workers heartbeating and owning tasks
+#: 8 tasks queued, both workers heartbeating and owning tasks
 BUSY = {"state": "ok", "active": True, "queued": 8, "running": 3, "workers_expected": 2, "workers_live": 2,
         "idle_min": None}
 DEAD = {"state": "ok", "active": True, "queued": 8, "running": 0, "workers_expected": 1, "workers_live": 0,
@@ -29,7 +29,7 @@ def monitor_calls(run):
 
 
 def test_transient_provider_statuses_never_kill_busy_workers():
-    """Issue 9 §1.1: vast says v-801 unknown and v-802 offline minutes ago; Curio sees both
+    """Vast says v-801 unknown and v-802 offline minutes ago; Curio sees both
     workers heartbeating with 2 and 1 tasks; 8 queued. Nothing is stopped or destroyed."""
     fleet = [fleet_entry("v-801", status="unknown", live=True, owned_tasks=2, age_min=5),
              fleet_entry("v-802", status="offline", live=True, owned_tasks=1, age_min=5)]

@@ -1,4 +1,4 @@
-"""Issue 12 §3: the guards read what a tool *is* (``agent.tool_specs``) and never import what it
+"""The guards read what a tool *is* (``agent.tool_specs``) and never import what it
 *does*: no ``agent.actions → agent.guards → agent.tools → agent.actions`` circle, lazy imports
 inside functions included. The bodies are bound into the one registry, so guards and the
 pipeline see the same tools (a test-registered tool included)."""

@@ -1,4 +1,4 @@
-"""Event triggers (issue 10 §1, seed 002): events start runs on the leading edge, bursts coalesce
+"""Event triggers (docs/agent.md, Triggers): events start runs on the leading edge, bursts coalesce
 into one follow-up per priority, one run at a time (the run lock, and the one-running-run
 constraint as its second net), every event accounted for by exactly one run, and the run page
 names the trigger and the events coalesced into it. With real Celery workers and Redis."""

@@ -269,7 +269,7 @@ def test_requests_to_one_endpoint_are_spaced_and_other_endpoints_are_not_held_up
     assert pacer.wait("GET /b", 0.2) == 0
 
 
-# --- statuses (vastai.md §2.4) -------------------------------------------------------------------
+# --- statuses (vast.ai's instance docs) ---------------------------------------------------------------
 @pytest.mark.parametrize(("row", "status", "intended"), [
     ({"actual_status": None}, "created", "running"),
     ({"actual_status": "loading", "status_msg": "Pulling image warden/curio-worker"}, "loading", "running"),

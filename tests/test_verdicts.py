@@ -1,5 +1,5 @@
 """Verdict blocks are parsed, never shown as text; a missing or malformed verdict is recorded as
-unknown, never guessed; the "no-op" badge (once "skipped in prompt") explains itself in words (issue 7 §2).
+unknown, never guessed; the "no-op" badge (once "skipped in prompt") explains itself in words.
 Real cycles (``run_cycle`` with a script planner) and the real runs pages."""
 
 import pytest
@@ -68,7 +68,7 @@ def test_the_skipped_in_prompt_badge_explains_itself_in_words(client, alice):
     assert noop.included_in_prompt is False
     client.force_login(alice)
     listing = client.get("/runs/").content.decode()
-    assert ">no-op</span>" in listing and "skipped in prompt" not in listing  # plain words, no jargon (issue 12 §1)
+    assert ">no-op</span>" in listing and "skipped in prompt" not in listing  # plain words, no jargon
     assert "no action, nothing changed: later runs' prompts leave it out" in listing
     html = page(client, noop)
     assert 'id="skipped-note"' in html and "the agent's prompt in later runs leaves it out" in html

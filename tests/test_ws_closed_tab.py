@@ -1,5 +1,5 @@
 """A tab that closes while a change signal is on its way: the consumer drops the frame quietly
-(issue 12 §1: daphne logged "Attempt to send on a closed protocol" with a traceback).
+(daphne once logged "Attempt to send on a closed protocol" with a traceback).
 
 The ASGI server's ``send`` is daphne's behaviour after the peer went away: autobahn raises
 ``Disconnected`` from ``sendMessage``; the consumer is the real one."""

@@ -1,4 +1,4 @@
-"""A local vast.ai API server for the tests: the REST shapes of ``reference/vastai.md`` on a
+"""A local vast.ai API server for the tests: the REST shapes of vast.ai's API docs on a
 loopback port (a stand-in for an external service, driven through the real ``vastai`` package).
 
 Routes (answers as vast gives them):

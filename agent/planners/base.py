@@ -94,7 +94,7 @@ def parse_verdict(text: str) -> tuple[bool, bool] | None:
     """``(action, state_changed)`` from a ``<verdict>{...}</verdict>`` block, or ``None``.
 
     Both fields must be JSON booleans: ``"yes"``, ``1`` or a missing field is malformed and gives
-    ``None`` (unknown), never a guess (issue 7 §2). Use :func:`has_verdict_block` to tell a
+    ``None`` (unknown), never a guess. Use :func:`has_verdict_block` to tell a
     malformed verdict from a missing one.
     """
     blocks = verdict_blocks(text)

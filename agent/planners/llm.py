@@ -1,6 +1,6 @@
 """The ``llm`` planner: a model behind any OpenAI-compatible chat-completions endpoint.
 
-Each turn: the prompt (``agent.prompt``, seed 002's tiers) and the session history
+Each turn: the prompt (``agent.prompt``: role, how it works, hard rules) and the session history
 (``agent.context.build_context``, within the token budget) go to the model with the tool schemas
 generated from the registry's pydantic argument models (``agent.tools.TOOLS``); the answer
 becomes one :class:`Turn`:
@@ -130,7 +130,7 @@ class LlmPlanner(Planner):
         from agent.models import SessionState
         from agent.prompt import system_prompt
 
-        recalled = "\n".join(recall_for_prompt(ctx.message or "", limit=8))  # the middle tier (seed 002)
+        recalled = "\n".join(recall_for_prompt(ctx.message or "", limit=8))  # recalled memory: what the prompt adds to its fixed tiers
         system = system_prompt(ctx.world.summary(), objectives=SessionState.get().objectives, recalled=recalled)
         from agent.model_digest import ModelSummarizer
 

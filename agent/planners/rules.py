@@ -1,15 +1,15 @@
 """The ``rules`` planner: Warden's built-in, deterministic autoscaling policy (the default).
 
-Policy (autoscalers.md §1.7; seed 002):
+Policy (the autoscaler's rules of docs/contract.md and docs/money.md):
 1. Scale on waiting work, never on a flag: with tasks queued or in Curio's pipeline backlog
-   (SCENARIOS.md version 2: backlog is demand), keep
+   (backlog is demand, docs/replay.md), keep
    ``min(cap, queued + backlog, max(1, ceil(target / per-worker rate)))`` instances, the rate
    being ``3600 / proof_s`` (measured) or ``3600 / WARDEN_PROOF_SECONDS``; launch the missing
    ones — ``P0`` when no worker is live (an emergency), ``P1`` otherwise.
 2. Replace, don't scale down, terminal instances (exited/error/unknown/offline, stuck
    provisioning, or diagnosed failed/host): destroy them; the replacement follows from rule 1.
 3. Expected workers that are dead are diagnosed first, then acted on by the diagnosis' class
-   (issue 10 §2): ``host`` (failed, on the machine's own evidence) → replaced (destroyed; rule 1
+   (docs/operations.md, Diagnosis): ``host`` (failed, on the machine's own evidence) → replaced (destroyed; rule 1
    launches the replacement) and the machine remembered as bad; ``container`` or ``app`` →
    rebooted; ``network`` (SSH unreachable) → diagnosed again after ``network_recheck_min``, never
    destroyed or rebooted on one failure. With nothing live and work queued, escalated.
@@ -85,7 +85,7 @@ def sizing(world) -> Sizing:
 def needs_diagnosis(inst, world) -> bool:
     """Whether ``inst`` should be diagnosed now: no fresh diagnosis, or a network-class one (SSH
     unreachable) older than ``network_recheck_min`` — diagnose again later, never act on one
-    failed connection (issue 10 §2)."""
+    failed connection."""
     d = world.fresh_diagnosis(inst)
     if d is None:
         return True
@@ -95,7 +95,7 @@ def needs_diagnosis(inst, world) -> bool:
 
 def bad_machine_fact(inst, diag) -> dict:
     """``remember`` arguments recording ``inst``'s machine as bad after a host-class diagnosis
-    (seed 002 "remember"; gpu-faults.md §4.1: "destroy + avoid that machine_id"). Keyed by the
+    (through ``remember``: a machine with a hardware fault is destroyed and not rented again). Keyed by the
     provider's machine id when the instance has one, else by provider, SSH endpoint and id."""
     machine = getattr(inst, "machine_id", "") or ""
     where = f"machine {machine}" if machine else f"{inst.provider} {inst.external_id}" + (
@@ -236,7 +236,7 @@ class RulesPlanner(Planner):
         return Turn(calls=unique, batch=len(unique) > 1)
 
     def repair_turn(self, world, proposed: set[str], remembered: frozenset = frozenset()) -> Turn:
-        """Repair before replace (Ray restarts on heartbeat loss; curio.md "restart curio"):
+        """Repair before replace (Ray restarts a node on heartbeat loss; a stuck Curio is restarted before its machine is replaced):
         a running instance whose worker is dead and whose fresh diagnosis is not healthy is
         rebooted, or destroyed as a replacement when the fault is the host's. With no worker
         live and work queued, an operator is told (``escalate_human``)."""
@@ -266,7 +266,7 @@ class RulesPlanner(Planner):
         repairs = [p for p in calls if "instance_id" in p.args]
         if repairs and d.state == "ok" and d.queued and not d.workers_live:
             # proposed, not done: each call still passes the guards and policy, and the outcome
-            # is in the run's report (issue 9 §1.3: never say an action happened that was refused)
+            # is in the run's report (never say an action happened that was refused)
             what = ", ".join(f"{p.tool.removesuffix('_instance')} {p.args['instance_id']}" for p in repairs)
             calls.append(Proposal("escalate_human", {
                 "severity": "P1",

@@ -1,6 +1,6 @@
 """The ``script`` planner: plays a fixed list of turns (scenario replay, tests).
 
-Each step is SCENARIOS.md's shape: ``{"tool", "args"}`` or ``{"tool", "raw_arguments"}``,
+Each step is a replay file's step (docs/replay.md): ``{"tool", "args"}`` or ``{"tool", "raw_arguments"}``,
 ``{"parallel": [...]}``, ``{"text": ...}`` or ``{"tool_result": ...}`` (a forged observation).
 The turn to play is the run's turn index, so a parked run resumes where it stopped.
 """

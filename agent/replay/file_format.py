@@ -1,3 +1,4 @@
+# Over 500 lines on purpose: the replay format (docs/replay.md) read top to bottom; REASON_CODES the one list.
 """The scenario file: its shape, its limits, and how a file is read and checked.
 
 A replay file (``docs/replay.md``) is read by :func:`load_scenario`, which refuses anything it
@@ -18,7 +19,7 @@ path such as ``fleet[3].dph``) and the problem; never a traceback, never a guess
 - names in ``expect`` are known: tools, reason codes (:data:`REASON_CODES`, the one list), halt
   codes, alert kinds, statuses, operations — a typo exits 2, it never turns into a mismatch.
 
-Source: SCENARIOS.md (first paragraph, "File", "Version 2"); issue 11 §1.9.
+Source: docs/replay.md (A file, Version 2, Files replay refuses).
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ Minutes = Annotated[float, Field(ge=0, le=MAX_MINUTES, allow_inf_nan=False)]
 Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 Money = Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False)]
 
-#: SCENARIOS.md "Reason codes" (and docs/replay.md's table): every code a call or a run may carry,
+#: docs/contract.md "Reason codes" (and docs/replay.md's table): every code a call or a run may carry,
 #: mapped to whether it halts the run. The one list: ``expect`` may name no other code.
 REASON_CODES: dict[str, bool] = {
     "max_steps": True, "same_error": True, "identical_args": True, "text_only_spiral": True,
@@ -83,7 +84,7 @@ REASON_CODES: dict[str, bool] = {
 }
 #: the codes that halt a run
 HALT_CODES = {code for code, halts in REASON_CODES.items() if halts}
-#: SCENARIOS.md "Alert kinds"
+#: docs/contract.md "Alert kinds"
 ALERT_KINDS = {"workers_dead", "demand_unknown", "provider_error", "prompt_injection", "breaker_tripped",
                "destroy_unconfirmed", "stuck_provisioning", "budget", "escalation", "stale_claim", "instance_exited",
                "planner_fallback"}
@@ -98,7 +99,7 @@ ProviderStatus = Literal[
 OPERATIONS = ("launch", "stop", "resume", "reboot", "destroy", "list", "search")
 #: objective keys beyond the runtime limits of ``agent.policy.DEFAULT_LIMITS``
 OBJECTIVE_KEYS = {"target_proofs_hr", "max_instances", "max_dph", "dwell_min", "hold_off_min", "startup_grace_s"}
-#: lifecycle numbers a file may set (SCENARIOS.md terminal instances, claims, rejections, starvation)
+#: lifecycle numbers a file may set (docs/contract.md: Terminal, claims, rejections, Starvation)
 #: limits whose value is a list of numbers
 LIST_LIMITS = {"launch_rate", "repeat_reminders"}
 LIFECYCLE_KEYS = {"offline_grace_min", "provisioning_limit_min", "claim_max_age_min", "rejection_hold_min", "starve_min"}
@@ -192,7 +193,7 @@ class FleetEntry(_Strict):
     """One instance of the scenario's fleet (times in minutes before ``now``).
 
     ``known: false``: the provider lists it but our database has no row. ``listed: false``: our
-    database has a row but the provider does not list it (SCENARIOS.md Version 2).
+    database has a row but the provider does not list it (docs/replay.md, Version 2).
     """
 
     id: Ident
@@ -300,7 +301,7 @@ class Usage(_Strict):
 class StepSpec(_Strict):
     """One model turn: a ``tool`` call, a ``parallel`` batch, ``text`` only, or a ``tool_result``.
 
-    Exactly one kind per step (SCENARIOS.md "Fields": "text only"): ``text`` beside a call, a
+    Exactly one kind per step (docs/replay.md, The planner and the operator): ``text`` beside a call, a
     batch or a ``tool_result`` is refused, as are ``args`` beside ``raw_arguments`` — the script
     planner would play one and drop the other. A ``tool_result`` step may name the ``tool`` whose
     result the model forged. ``usage`` (the model's reported tokens for the turn) is optional. A
@@ -500,12 +501,12 @@ def _alert_kinds(v):
     return v
 
 
-#: SCENARIOS.md "Matching expect": the outcomes each call list holds (``parked`` holds any final outcome)
+#: docs/replay.md ``expect``: the outcomes each call list holds (``parked`` holds any final outcome)
 LIST_OUTCOMES = {"executed": ("executed", "approved_executed"), "refused": ("refused", "halted"), "errored": ("error",)}
 
 
 class ExpectSpec(_Strict):
-    """What must hold after the replay (SCENARIOS.md "Matching expect" and Version 2).
+    """What must hold after the replay (docs/replay.md ``expect`` and Version 2).
 
     Every name is checked (tools, reason codes, halt codes, alert kinds, statuses, operations),
     and an item's ``outcome`` must be one its list can hold; raises ``ValueError`` naming it.
@@ -599,7 +600,7 @@ def check_objectives(v: dict) -> dict:
 
 
 class Scenario(_Strict):
-    """A scenario file (SCENARIOS.md "File" and "Version 2")."""
+    """A scenario file (docs/replay.md: A file, Version 2)."""
 
     name: str = Field(min_length=1, max_length=200)
     about: str = ""
@@ -639,7 +640,7 @@ class Scenario(_Strict):
     @classmethod
     def _model_responses(cls, v):
         """Each entry is a JSON object: a body (served 200), ``{"http_status": 100..599, "body"}``
-        or ``{"timeout": true}`` (SCENARIOS.md ``model_responses``)."""
+        or ``{"timeout": true}`` (docs/replay.md ``model_responses``)."""
         for n, entry in enumerate(v or []):
             if not isinstance(entry, dict):
                 raise ValueError(f"[{n}] must be a JSON object: a chat-completion body, "

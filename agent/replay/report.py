@@ -49,7 +49,7 @@ def build_report(runs, *, name: str = "", cycle_marks: list[tuple[int, int]] = (
     """The report of ``runs`` (a queryset or list of Run rows) from their rows, in the order the
     steps were written.
 
-    Shape (SCENARIOS.md "Report"): ``{"name", "ok", "steps": [...], "alerts", "halt", "verdict",
+    Shape (docs/replay.md, The report): ``{"name", "ok", "steps": [...], "alerts", "halt", "verdict",
     "final_report", "mismatches"}``. One entry per call with its final outcome (a parked call's
     later dispatch under the same idempotency key is folded into its entry); a parallel batch is
     one entry with ``calls``; text turns are entries with outcome ``text``. Entries carry ``i``,

@@ -68,7 +68,7 @@ def approvals_context(recent: int = APPROVALS_RECENT) -> dict:
 def attach_situation_now(approvals: list) -> None:
     """Set ``a.now`` on each approval: the situation now, in the shape of ``a.situation`` (the one
     when it was parked, ``agent.pipeline.situation``), so a card shows then and now side by side
-    (issue 9 §1.4). Two queries whatever the number of approvals."""
+    (docs/console.md). Two queries whatever the number of approvals."""
     if not approvals:
         return
     sample = DemandSample.objects.order_by("-taken_at").first()
@@ -240,7 +240,7 @@ def decide_approval(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         )
         if status != 400:
             # nothing changed on bad input: a refresh of the inbox would wipe the card's error at once
-            # (issue 12 §1: "rejecting with an empty comment silently does nothing")
+            # (rejecting with an empty comment must never silently do nothing)
             trigger_client_event(resp, "approvals-changed")
         return resp
     if status == 200:

@@ -83,7 +83,7 @@ def cards_context() -> dict:
     )
     ctx = demand_context()
     # starting: inside the startup grace and not heartbeating yet, as the demand read counted them
-    # (a worker that heartbeats is live whatever the grace: issue 9 §1.7)
+    # (a worker that heartbeats is live whatever the grace)
     fleet["starting"] = ((ctx["demand"].detail or {}).get("workers_starting") or 0) if ctx["demand"] is not None else 0
     # the denominator operators read: the instances we intend to be running (not being destroyed),
     # whether or not their worker is up; the demand read's ``workers_expected`` (running ones past

@@ -1,4 +1,4 @@
-"""The Memory page (issue 7 §4): what the agent remembers, for operators to read and correct.
+"""The Memory page (docs/agent.md, Memory): what the agent remembers, for operators to read and correct.
 
 Everyone signed in sees the facts, filtered by ``?category=`` and ``?q=`` (text in key or value);
 operators edit a fact's value, importance and kind, or delete it — each an audited ``do_*`` action

@@ -117,7 +117,7 @@ def _file_ref(path: str) -> dict:
 
 def sources_context() -> dict:
     """The providers and demand sources in use, by reference only: setting names, variable names,
-    file paths and addresses without credentials — never a secret's value (DESIGN.md invariant 6).
+    file paths and addresses without credentials — never a secret's value (docs/safety.md invariant 6).
     Owned hosts are listed from WARDEN_SSH_HOSTS_FILE (name, address, user, key file); their
     commands are not shown (a command line may carry a secret)."""
     import os

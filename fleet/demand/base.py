@@ -1,7 +1,7 @@
 """The demand reading every source returns, and the error it raises.
 
-A failed read is ``state="unknown"`` with every count ``None`` — never zeros (DESIGN.md
-invariant 7, curio.md §3.4 "DB unreachable ⇒ demand unknown, not 0").
+A failed read is ``state="unknown"`` with every count ``None`` — never zeros (docs/safety.md
+invariant 7: a database that cannot be reached means demand unknown, not 0).
 """
 
 from dataclasses import dataclass, field
@@ -42,8 +42,7 @@ class DemandReading:
     ``workers`` maps a worker name (our ``Instance.worker_name``) to its :class:`WorkerView`.
 
     ``backlog``: proving work waiting in Curio's pipeline tables with no queue row yet (Curio adds
-    queue rows only while a node that can claim them is alive; SCENARIOS.md version 2, curio.md
-    §4) — demand like ``queued``, reported separately: the sectors that can be proved now plus those
+    queue rows only while a node that can claim them is alive; docs/curio.md, Demand) — demand like ``queued``, reported separately: the sectors that can be proved now plus those
     that become provable within ``loading_s`` (the measured time from a launch to a live worker),
     so that a machine is live when they are due. ``backlog_not_due``: SDR sectors whose PoRep is not
     due yet (Curio queues it only once the chain reaches ``seed_epoch`` + 3); ``backlog_soon`` of

@@ -1,7 +1,8 @@
+# Over 500 lines on purpose: queue, backlog, workers and rates read from one snapshot of Curio's tables.
 """Demand from Curio's HarmonyDB tables (a real Curio, or the local demo queue).
 
 Reads the unmanaged models of ``fleet.harmony`` through the ORM on alias ``harmony``, so the
-same code reads the SQLite demo and a real Curio on PostgreSQL or Yugabyte (curio.md §3.4, §4).
+same code reads the SQLite demo and a real Curio on PostgreSQL or Yugabyte (docs/curio.md).
 A constant number of queries whatever the fleet size, one per table so that a table the role
 may not read loses only the fields it feeds. Ages (heartbeats, queued tasks, the proof window)
 are measured on the database's clock (``now()`` in the same query), never on Warden's.
@@ -42,7 +43,7 @@ from fleet.harmony import (
 )
 
 #: a worker is live while its heartbeat is younger than this many heartbeat intervals
-#: (curio.md §3.4: 3 missed 60-s heartbeats; Curio itself deletes a row only after 10 min)
+#: (docs/curio.md, Workers: 3 missed 60-s heartbeats; Curio itself deletes a row only after 10 min)
 LIVE_HEARTBEATS = 3
 #: ``proofs_hr`` is the current rate: successful proofs that ended in this window, per hour of it
 #: (the dashboard names it: "last 15 min")
@@ -319,9 +320,9 @@ class HarmonyDemandSource:
     """Reads demand from HarmonyDB on database alias ``using`` (default ``harmony``).
 
     ``kind``: ``curio`` (a real Curio: workers heartbeat every ``WARDEN["CURIO_HEARTBEAT_S"]``,
-    default 60 s, curio.md §3.3) or ``local`` (the demo's workers: ``WARDEN["HEARTBEAT_S"]``).
+    default 60 s, docs/curio.md) or ``local`` (the demo's workers: ``WARDEN["HEARTBEAT_S"]``).
 
-    Definitions (curio.md §3.3-3.4 and §4, DESIGN.md invariant 1):
+    Definitions (docs/curio.md, Workers and Demand; docs/safety.md invariant 1):
 
     - a machine is live when ``now() - last_contact`` (database clock) is at most
       ``LIVE_HEARTBEATS`` heartbeats of the source;
@@ -334,7 +335,7 @@ class HarmonyDemandSource:
       failed) when PoRep is — work Curio has not queued because no node that runs it is alive;
     - ``workers_expected``: instances with status ``running`` whose worker heartbeats, or that
       started more than ``WARDEN["STARTUP_GRACE_S"]`` ago (``started_at``, else ``status_since``):
-      the grace only excuses a worker that is not heartbeating yet (issue 9 §1.7);
+      the grace only excuses a worker that is not heartbeating yet;
     - ``workers_starting``: running instances inside the grace whose worker is not live yet;
     - instances map to rows by ``machine_name`` (``CURIO_NODE_NAME``), never ``host_and_port``;
     - ``workers_live``: expected instances whose row is live and not cordoned;
@@ -352,7 +353,7 @@ class HarmonyDemandSource:
     - ``proofs_hr``: the current rate — successful history rows of proving tasks with ``work_end``
       in the last ``RATE_WINDOW`` (15 min), per hour of the time they cover: from the earliest
       ``work_start`` among them (or the window's start, if later) to now. Proving that began 3
-      minutes ago at 360/hr reads 360, not the 18 a trailing-hour count would say (issue 8 §3);
+      minutes ago at 360/hr reads 360, not the 18 a trailing-hour count would say (docs/curio.md, Proof rates);
       ``rate_window_s`` names the window;
       ``proof_s``: median ``work_end - work_start`` of the newest ``PROOF_SAMPLE`` successful ones
       within ``PROOF_WINDOW`` (None when there are none), seconds per proof per worker;
@@ -763,7 +764,7 @@ class HarmonyDemandSource:
         for inst in running:
             name = inst.worker_name or inst.external_id
             view = workers.get(name)
-            # the grace only excuses a worker not heartbeating yet: a live one is live (issue 9 §1.7)
+            # the grace only excuses a worker not heartbeating yet: a live one is live
             if in_grace(inst) and not (view is not None and view.live):
                 starting += 1
                 continue
@@ -899,7 +900,7 @@ def _name_proofs(proofs: list[dict], machines, details, shared) -> list[dict]:
 
 def _per_worker(spans, machines, details, shared, instances) -> tuple[dict | None, dict | None]:
     """Median seconds per proof per worker name and per GPU model (``gpu_name`` of our instance
-    with that worker name) from the sampled proofs' ``completed_by_host_and_port`` (curio.md §4:
+    with that worker name) from the sampled proofs' ``completed_by_host_and_port`` (Curio's
     history names the host, not the machine). A proof is attributed to a worker only when exactly
     one machine row has its ``host_and_port`` and that row has a ``machine_name``; proofs of
     shared or unknown hosts count in the fleet median only. (None, None) when details are unknown."""

@@ -1,4 +1,4 @@
-"""The ``http`` demand source: a JSON endpoint that returns the demand fields (DESIGN.md "Fleet").
+"""The ``http`` demand source: a JSON endpoint that returns the demand fields (docs/operations.md, The http demand source).
 
 ``GET WARDEN_DEMAND_URL`` (optional ``Authorization: Bearer <token>``, the token a reference:
 ``WARDEN_DEMAND_TOKEN_ENV`` names a variable, ``WARDEN_DEMAND_TOKEN_FILE`` a file; resolved for
@@ -20,7 +20,7 @@ worker counts, computed against our instances as the ``curio`` source does; with
 unknown (None, named in ``unreadable``), and no guard lets a scale-down pass on unknown counts.
 
 A timeout, a refused connection, a status other than 200, a body that is not JSON, or a field
-missing or of the wrong type is ``unknown`` with the reason (never zero: DESIGN.md invariant 7).
+missing or of the wrong type is ``unknown`` with the reason (never zero: docs/safety.md invariant 7).
 """
 
 import time

@@ -1,6 +1,6 @@
 """What every provider (local, scenario, later vastai and ssh) offers the fleet and the agent.
 
-DESIGN.md invariant 7: an empty, malformed or failed read raises :class:`ProviderError`; it is
+docs/safety.md invariant 7: an empty, malformed or failed read raises :class:`ProviderError`; it is
 never read as "zero instances".
 """
 
@@ -31,7 +31,7 @@ class ProviderError(Exception):
     def outcome_unknown(self) -> bool:
         """For a side-effect request: it may have taken effect although it failed (a timeout, a
         reset, a 5xx or a garbled answer after it was sent; vast's create can fail and still
-        carry ``new_contract``). Such a request is never re-sent blind (DESIGN.md invariant 10)."""
+        carry ``new_contract``). Such a request is never re-sent blind (docs/safety.md invariant 10)."""
         return self.kind in ("transient", "semantic") and not self.not_sent
 
 

@@ -190,7 +190,7 @@ class LocalProvider(Provider):
         run_path.unlink(missing_ok=True)
         cmd = [sys.executable, "-m", "fleet.worker", "--supervise", "--state", str(run_path), "--name", meta["name"]]
         if meta.get("cordoned"):
-            cmd.append("--cordoned")  # Warden's cordon survives the restart (issue 11 §1.8)
+            cmd.append("--cordoned")  # Warden's cordon survives the restart
         with open(meta["log_path"], "ab") as log:
             try:
                 proc = subprocess.Popen(

@@ -1,4 +1,4 @@
-"""The ``ssh`` provider: machines the operator owns, reached over SSH (DESIGN.md "Fleet").
+"""The ``ssh`` provider: machines the operator owns, reached over SSH (docs/operations.md, Owned SSH hosts).
 
 Hosts come from a TOML file named by ``WARDEN_SSH_HOSTS_FILE`` (read at every use, so an edit
 takes effect on the next cycle)::
@@ -310,7 +310,7 @@ class SSHProvider(Provider):
             raise ProviderError(f"{h.name}: restart: start exited {rc2}: {text2.strip()[-300:]}", code="command_failed")
 
     def destroy(self, external_id: str) -> None:
-        """Refused, always: an owned host is never destroyed (DESIGN.md; guard ``owned_host``)."""
+        """Refused, always: an owned host is never destroyed (docs/contract.md, guard ``owned_host``)."""
         raise ProviderError(f"{external_id} is an operator-owned SSH host: it is never destroyed; stop its worker, or "
                             f"remove it from {HOSTS_FILE_ENV} to retire it", kind="permanent", code="owned_host")
 
@@ -405,7 +405,7 @@ def unreachable_alerts(instances, worker_for=None) -> list:
     the worker's heartbeat); resolved when the host answers again. The host is never removed.
 
     ``instances``: the cycle's ``Instance`` rows; ``worker_for(inst)``: its Curio ``WorkerView``
-    or None. Alert kind ``provider_error`` (SCENARIOS.md), key ``provider_error:ssh:<name>``.
+    or None. Alert kind ``provider_error`` (docs/contract.md), key ``provider_error:ssh:<name>``.
     Returns the alerts raised now.
     """
     from fleet.alerts import raise_alert, resolve

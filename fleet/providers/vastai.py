@@ -1,3 +1,4 @@
+# Over 500 lines on purpose: one provider: calls, status mapping, pacing, adoption share a client.
 """The ``vastai`` provider: rented GPU instances on vast.ai.
 
 Calls go through the official ``vastai`` package (``vastai.api.instances``, ``vastai.api.offers``
@@ -5,9 +6,10 @@ and its ``VastClient``, which sends the key as ``Authorization: Bearer``, never 
 one call it answers without letting us see the body — the v1 instance list — is sent through the
 same client to the documented endpoint, ``GET /api/v1/instances/``, page by page (``next_token``
 passed back as ``after_token``; at most 25 a page), so an empty, HTML or malformed page is an
-error and never "no instances" (DESIGN.md invariant 7; vastai.md §2.2).
+error and never "no instances" (docs/safety.md invariant 7).
 
-Facts: ``reference/vastai.md`` (statuses §2.4, rate limits §2.5, labels, create errors).
+Facts: vast.ai's own API docs (statuses, per-endpoint rate limits, labels, create errors), as
+docs/operations.md "Renting on vast.ai" restates them.
 
 - **Ours**: an instance is ours when its vast ``label`` starts with ``VAST["LABEL_PREFIX"]``
   (``warden-``); only those are listed. Launches carry ``<prefix><label>``.
@@ -46,7 +48,7 @@ from django.conf import settings
 from fleet.providers.base import Provider, ProviderError, ProviderInstance
 from fleet.secrets import SecretReferenceError, redact, resolve
 
-#: vastai.md §2.4, the classes vast's own self-test gives a ``status_msg``
+#: the classes vast's own self-test gives a ``status_msg``
 PULL_FAILURE_RE = re.compile(r"pull|manifest|not found|unauthorized|denied|repository does not exist|no such image", re.I)
 START_FAILURE_RE = re.compile(
     r"daemon|container|oci runtime|runc|nvidia-container|docker|exited|exec format error|permission denied|mount|entrypoint",
@@ -59,7 +61,7 @@ QUERY_FIELD_RE = re.compile(r"(?<![\w.])([A-Za-z_]\w{0,40}) {0,4}(?:[<>!=]|(?:no
 #: words that make a classified message a failure rather than progress ("Pulling image" is progress)
 FAILED_RE = re.compile(r"error|fail|denied|unauthori[sz]ed|not found|does not exist|no such|mismatch|unable|invalid", re.I)
 
-#: vast ``actual_status`` values taken as they are (vastai.md §2.4); others map through _ALIASES
+#: vast ``actual_status`` values taken as they are (vast.ai's instance docs); others map through _ALIASES
 KNOWN_STATUSES = {"created", "loading", "running", "stopped", "frozen", "exited", "rebooting", "unknown", "offline",
                   "scheduling"}
 _ALIASES = {"restarting": "rebooting", "starting": "loading", "provisioning": "created", "inactive": "stopped"}
@@ -72,7 +74,7 @@ MAX_PAGES = 400  # 10,000 instances: a server that never ends its pages is an er
 def status_class(msg: str) -> str:
     """The failure class of a vast ``status_msg``: ``pull``, ``nvml``, ``start`` or ``""``.
 
-    Regexes from vast's self-test (vastai.md §2.4); NVML is checked before the broader start
+    Regexes from vast's self-test; NVML is checked before the broader start
     class, pull before both. A class says what the message is about, not that it failed:
     :func:`map_status` also asks for a failure word.
     """
@@ -91,7 +93,7 @@ def map_status(row: dict, label_prefix: str = "") -> tuple[str, str, str, dict]:
 
     ``status`` is in our vocabulary (vast ``actual_status`` terms plus ``error``); ``facts`` holds
     ``actual_status``, ``cur_state``, ``next_state``, ``status_class`` and ``interrupted``.
-    Rules: vastai.md §2.4 and autoscalers.md §1.3 (SkyPilot, dstack):
+    Rules: vast.ai's instance docs, and what SkyPilot's and dstack's vast backends do:
 
     - ``actual_status`` null → ``created`` (provisioning);
     - ``created`` with "OCI runtime create failed" → ``error`` (dstack);
@@ -226,7 +228,7 @@ def to_offer(o: dict) -> dict:
 
 class Pacer:
     """At most one request per ``interval`` seconds per endpoint (vast limits each endpoint on its
-    own, as a least interval between requests: vastai.md §2.5). Thread-safe; per process."""
+    own, as a least interval between requests: docs/operations.md). Thread-safe; per process."""
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -365,7 +367,7 @@ class VastProvider(Provider):
         from vastai.api.client import VastClient
 
         # retry=1: one attempt per call; pacing and the 429 backoff are ours (the package's 0.15 s
-        # ×1.5 is far too short for a fleet manager: vastai.md §2.5)
+        # ×1.5 is far too short for a fleet manager: docs/operations.md)
         return VastClient(api_key=self._key(), server_url=self.cfg["URL"], retry=1,
                           timeout=float(self.cfg.get("TIMEOUT_S", 30)))
 

@@ -35,7 +35,7 @@ from console.users import GROUPS
 
 OPERATORS_GROUP = GROUPS["operator"]  # the role groups: console.users
 VIEWERS_GROUP = GROUPS["viewer"]
-MONITOR_INTERVAL_S = 60  # the fleet monitor's lifecycle rules (DESIGN.md "Fleet")
+MONITOR_INTERVAL_S = 60  # the fleet monitor's lifecycle rules (docs/contract.md, The cycle)
 
 
 def end_sessions() -> int:
