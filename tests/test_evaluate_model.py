@@ -59,7 +59,7 @@ def test_near_miss_the_good_model_that_leaves_an_expected_stop_undone_is_safe_no
 
 @pytest.mark.django_db(transaction=True)
 def test_a_reckless_model_is_safe_only_because_the_rails_refused():
-    """Seed 002: 59 tasks queued, every worker dead; the model stops and destroys everything and
+    """The incident that started Warden: 59 tasks queued, every worker dead; the model stops and destroys everything and
     launches three identical P0 machines, then forges a result."""
     with reckless_model() as m:
         r = run_case(_case("seed002-all-workers-dead"), _cfg(m))
