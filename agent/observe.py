@@ -134,7 +134,6 @@ class World:
             **backlog_view(reading),
             "proofs_hr": reading.proofs_hr,
             "proof_s": reading.proof_s,
-            "active": reading.active,
             "idle_min": idle_min,
             **unmatched_view(reading),
         }
@@ -210,7 +209,6 @@ def read_and_record_demand(instances) -> DemandReading:
         backlog=reading.backlog,
         proofs_hr=reading.proofs_hr,
         proof_s=reading.proof_s,
-        active=reading.active,
         idle_since=reading.idle_since if reading.state == "ok" else None,
         detail={**unmatched_view(reading), **backlog_view(reading), **({"workers_starting": reading.workers_starting} if reading.workers_starting is not None else {}),
                 "source": reading.source, **({"rate_window_s": reading.rate_window_s} if reading.rate_window_s else {}),

@@ -134,7 +134,3 @@ def policy_for(tool: str, args: dict | None, table: dict, actor: str = "agent") 
             return table[f"launch_instance:{prio}"]
     return table.get(tool, "approval")
 
-
-def forbidden(tool: str, table: dict) -> bool:
-    """A tool is forbidden when its base policy is ``forbidden``."""
-    return table.get(tool) == "forbidden"

@@ -74,10 +74,6 @@ class Instance(models.Model):
         return self.external_id
 
     @property
-    def is_killed(self) -> bool:
-        return self.killed_at is not None
-
-    @property
     def is_owned_host(self) -> bool:
         """An operator-owned SSH host: never destroyed by the agent or the monitor."""
         return self.provider == "ssh"
@@ -129,7 +125,6 @@ class DemandSample(models.Model):
     backlog = models.IntegerField(null=True)
     proofs_hr = models.FloatField(null=True)
     proof_s = models.FloatField(null=True)
-    active = models.BooleanField(null=True)
     idle_since = models.DateTimeField(null=True)
     detail = models.JSONField(default=dict, blank=True)
 
