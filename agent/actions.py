@@ -9,9 +9,11 @@ import hashlib
 
 from django.db import DatabaseError, transaction
 
-from agent.models import AuditLog, Run, SessionState, Step
+from agent.models import Run, SessionState, Step
+from fleet.audit import do_audit
 from fleet.clock import clock
 from fleet.events import emit, trigger
+from fleet.models import AuditLog
 from fleet.numbers import NumberError, parse_number, parse_number_list
 from fleet.secrets import redact, redact_obj
 
@@ -26,21 +28,6 @@ class EffectNotRecorded(Exception):
     def __init__(self, message: str, *, applied: bool = True):
         super().__init__(message)
         self.applied = applied
-
-
-def do_audit(actor: str, verb: str, target: str = "", reason: str = "", before=None, after=None) -> AuditLog:
-    """Write one audit row (secrets redacted) and announce ``actions-changed``."""
-    row = AuditLog.objects.create(
-        at=clock.now(),
-        actor=actor,
-        verb=verb,
-        target=str(target)[:200],
-        reason=redact(reason or ""),
-        before=redact_obj(before),
-        after=redact_obj(after),
-    )
-    emit("actions-changed")
-    return row
 
 
 @transaction.atomic

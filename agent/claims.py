@@ -28,9 +28,11 @@ from datetime import timedelta
 import psutil
 from django.db import IntegrityError, transaction
 
-from agent.models import Approval, AuditLog, SideEffect, Step
+from agent.models import Approval, SideEffect, Step
+from fleet.audit import do_audit
 from fleet.clock import clock
 from fleet.events import emit
+from fleet.models import AuditLog
 from fleet.secrets import redact, redact_obj
 
 log = logging.getLogger(__name__)
@@ -131,6 +133,12 @@ def close_claim(claim: SideEffect, status: str, result: str, code: str = "") -> 
     return bool(n)
 
 
+def our_launch_labels(labels: set[str]) -> set[str]:
+    """Those of ``labels`` that a launch of ours carries (:func:`launch_label`, any claim status):
+    one query. The monitor's orphan rule asks it (``fleet.monitor.decide``)."""
+    return set(SideEffect.objects.filter(label__in=list(labels)).values_list("label", flat=True)) if labels else set()
+
+
 def open_claims_block(instance_ref: str = "", tool: str = "") -> SideEffect | None:
     """The open claim that blocks a call on ``instance_ref`` (``in_flight``) or, with ``tool``
     ``launch_instance``, another launch (``launch_pending``). Settled claims block nothing."""
@@ -182,7 +190,6 @@ def lookup(claim: SideEffect, provider=None) -> Lookup:
 def adopt(pi, provider_name: str, *, actor: str, reason: str):
     """Record the provider's instance ``pi`` as ours (an :class:`fleet.models.Instance` row, created
     or updated); audited as ``adopt_instance``. Returns the row."""
-    from agent.actions import do_audit
     from fleet.models import Instance
 
     now = clock.now()
@@ -298,7 +305,6 @@ def _record(claim: SideEffect, *, found: bool, detail: str) -> None:
     """Write a settled claim's outcome to its step, its approval and the audit log."""
     from datetime import timedelta as td
 
-    from agent.actions import do_audit
     from agent.policy import effective_limits
 
     approval = Approval.objects.filter(idempotency_key=claim.key).select_related("step", "run").first()

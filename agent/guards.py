@@ -12,7 +12,7 @@ whole order, with the stage that reports each code:
 :func:`agent.lifecycle.forced_approval`). Guards run when a call is proposed and again at
 dispatch of an approved call (an approval granted on stale facts executes nothing).
 
-Rules and their sources (what "terminal", "blind" and "starving" mean is ``agent.lifecycle``):
+Rules and their sources (what "terminal", "blind" and "starving" mean is ``fleet.lifecycle``):
 - ``target_gone``: the instance is killed (destroyed or vanished from a successful list); a
   destroy re-sent after ``destroy_unconfirmed`` is not refused for it;
 - ``already_running``: a resume of an instance the provider reports ``running`` at the check (the
@@ -47,11 +47,12 @@ from datetime import timedelta
 
 from django.db.models import Max
 
-from agent.lifecycle import is_terminal, recent_rejection, starving, worker_live
+from agent.lifecycle import recent_rejection
 from agent.models import Approval, SideEffect
 from agent.policy import PRIORITIES
 from agent.tool_specs import TOOLS, canonical_json
 from fleet.clock import clock
+from fleet.lifecycle import is_terminal, starving, worker_live
 from fleet.models import PENDING_STATUSES
 from fleet.providers import ProviderError, get_provider
 

@@ -10,6 +10,7 @@ close) comes from ``agent.runs``, as the loop's does. They are recorded as call 
 with actor ``monitor`` (no planner turn) and appear in the Actions tab through the audit log.
 """
 
+from agent.claims import our_launch_labels
 from agent.guards import check as guard_check
 from agent.lifecycle import forced_approval
 from agent.pipeline import Decision, _finish, execute, idempotency_key, park, run_injected
@@ -25,7 +26,7 @@ def monitor_actions(world) -> list:
     from agent.models import Approval
 
     waiting = {(a.tool, (a.args or {}).get("instance_id")) for a in Approval.objects.filter(status="waiting")}
-    return [a for a in decide(world) if (a.tool, a.args.get("instance_id")) not in waiting]
+    return [a for a in decide(world, our_launch_labels) if (a.tool, a.args.get("instance_id")) not in waiting]
 
 
 def run_monitor(tc) -> int:

@@ -283,7 +283,7 @@ def lifecycle_alerts(world: World) -> None:
     - ``instance_exited``: an instance that exited or errored while we wanted it running, or whose
       worker stopped heartbeating while it runs (issue 9 §1.6), with the evidence (status, exit
       code, message, last heartbeat); resolved when it runs with a live worker again;
-    - ``stuck_provisioning``: a launch starving the queue (``agent.lifecycle.starving``);
+    - ``stuck_provisioning``: a launch starving the queue (``fleet.lifecycle.starving``);
     - ``provider_error`` for an owned SSH host that cannot be reached, with a diagnosis (never removed);
     - waiting approvals whose instance is gone are void at once (``target_gone``).
 
@@ -296,8 +296,8 @@ def lifecycle_alerts(world: World) -> None:
     """
     from django.conf import settings
 
-    from agent.lifecycle import blind, starving, worker_live
-    from agent.untrusted import scan_instance
+    from fleet.lifecycle import blind, starving, worker_live
+    from fleet.untrusted import scan_instance
 
     startup_grace = timedelta(seconds=settings.WARDEN["STARTUP_GRACE_S"])
     # one query for the episodes already open: an open alert is not raised again and only an open
@@ -310,7 +310,7 @@ def lifecycle_alerts(world: World) -> None:
         hits = scan_instance(inst)
         if hits:
             world.injection += [f"{inst.external_id} {name}: {frag[:120]}" for name, frag in hits]
-            from agent.untrusted import raise_instance_injection
+            from fleet.untrusted import raise_instance_injection
 
             raise_instance_injection(inst.external_id, hits)
         key = f"instance_exited:{inst.external_id}"

@@ -29,11 +29,11 @@ from agent.models import Approval, SideEffect, Step
 from agent.observe import with_retries
 from agent.policy import PRIORITIES, policy_for
 from agent.tools import PUBLIC_TOOLS, TOOLS, ToolContext, ToolError, canonical_json
-from agent.untrusted import scan_for_injection
 from fleet.clock import clock
 from fleet.events import emit
 from fleet.providers import ProviderError
 from fleet.secrets import redact, redact_obj
+from fleet.untrusted import scan_for_injection
 
 log = logging.getLogger(__name__)
 

@@ -21,9 +21,9 @@ from datetime import timedelta
 
 from pydantic import ValidationError
 
-from agent.models import AuditLog, Run, SessionState
+from agent.models import Run, SessionState
 from agent.replay.file_format import LIFECYCLE_KEYS, OBJECTIVE_KEYS, Scenario
-from fleet.models import Diagnosis, Instance
+from fleet.models import AuditLog, Diagnosis, Instance
 from fleet.secrets import redact, redact_obj
 
 #: side effects listed in ``history`` (SCENARIOS.md: "past actions, for hold-off and launch-pending")

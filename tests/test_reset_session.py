@@ -12,7 +12,8 @@ from django.db import connection, connections
 from agent import memory
 from agent.actions import do_post_message, do_queue_cycle, do_reset_session
 from agent.context import build_context
-from agent.models import AuditLog, MemoryFact, Run, SessionState, ShortTermMessage
+from agent.models import MemoryFact, Run, SessionState, ShortTermMessage
+from fleet.models import AuditLog
 from tests.rails_support import rails_world, verdict
 
 

@@ -29,10 +29,11 @@ from datetime import timedelta
 
 from agent.capacity import SIZING_SLACK, draining, per_worker_rate  # noqa: F401 (re-exported)
 from agent.guards import last_launch_at
-from agent.lifecycle import from_machine, is_terminal, recent_rejection
+from agent.lifecycle import recent_rejection
 from agent.planners.base import Planner, Proposal, Turn
 from agent.policy import policy_for
 from fleet.clock import clock
+from fleet.lifecycle import from_machine, is_terminal
 
 
 @dataclass
