@@ -75,6 +75,59 @@ def last_launch_at(world):
     return max(times) if times else None
 
 
+def demand_refusal(d) -> Refusal | None:
+    """The ``demand_guard`` refusal of a scale-down on the demand reading ``d``, or ``None``:
+    demand not ``ok``, a count missing (unknown is never zero), tasks queued or in the backlog, the
+    backlog unreadable, or an expected worker dead. The first half of "idle enough to retire"
+    (:func:`idle_refusal`), for the guards and the ``rules`` planner alike."""
+    if d is None or d.state != "ok":
+        state = d.state if d is not None else "unknown"
+        return Refusal("demand_guard", f"demand is {state}: {(d.error if d else '') or 'no fresh read'}; "
+                       "no scale-down without a good read")
+    if None in (d.queued, d.running, d.workers_expected, d.workers_live, d.workers_dead):
+        return Refusal("demand_guard", "the demand read is missing counts (queued, running or workers); unknown is never zero")
+    if d.queued or d.backlog:
+        waiting = f"{d.queued} tasks queued" + (f", {d.backlog} in the backlog" if d.backlog else "")
+        return Refusal("demand_guard", f"{waiting}; {d.workers_expected} workers expected, {d.workers_live} live")
+    if "backlog" in d.unreadable:
+        return Refusal("demand_guard", f"the pipeline backlog is unknown ({d.unreadable['backlog']}); unknown is never zero")
+    if d.workers_dead:
+        return Refusal("demand_guard", f"{d.workers_dead} expected worker(s) dead; {d.workers_expected} expected, {d.workers_live} live")
+    return None
+
+
+def hold_refusal(world, d) -> Refusal | None:
+    """The ``hold_off`` refusal of a scale-down, or ``None``: tasks are running, the queue has not
+    been empty for the dwell (``dwell_min``), or a launch happened within the hold-off
+    (``hold_off_min``). The second half of "idle enough to retire" (:func:`idle_refusal`).
+
+    Running tasks are never idle, whatever ``idle_since`` says: a reading that claims an idle
+    queue while it counts running tasks contradicts itself, and a contradiction holds a
+    scale-down off (this is the ``rules`` planner's reading, which the guards share since the two
+    copies disagreed)."""
+    lim, now = world.limits, clock.now()
+    if d.running or d.idle_since is None:
+        return Refusal("hold_off", f"on hold: the queue is not idle ({d.running or 0} running); a scale-down "
+                       f"waits until it has been empty for the dwell ({lim.dwell_min:g} min)")
+    if now - d.idle_since < timedelta(minutes=lim.dwell_min):
+        idle = (now - d.idle_since).total_seconds() / 60
+        return Refusal("hold_off", f"on hold: the queue has been empty for {idle:.1f} min; a scale-down waits "
+                       f"until it has been empty for the dwell ({lim.dwell_min:g} min)")
+    last = last_launch_at(world)
+    if last is not None and now - last < timedelta(minutes=lim.hold_off_min):
+        ago = (now - last).total_seconds() / 60
+        return Refusal("hold_off", f"on hold: the last launch was {ago:.1f} min ago; a scale-down waits "
+                       f"out the hold-off after a launch ({lim.hold_off_min:g} min)")
+    return None
+
+
+def idle_refusal(world) -> Refusal | None:
+    """Why the fleet is not idle enough to retire an instance (``demand_guard`` or ``hold_off``),
+    or ``None`` when it is: the one rule the guards (per call, around ``owned_tasks``) and the
+    ``rules`` planner (before proposing any retirement) both apply, on ``world.demand``."""
+    return demand_refusal(world.demand) or hold_refusal(world, world.demand)
+
+
 def _launch_price(args: dict) -> float:
     """$/hr of the launch ``args`` ask for: the named offer, else the cheapest matching offer."""
     provider = get_provider()
@@ -188,36 +241,18 @@ def check(tool: str, args: dict, key: str, world, *, batch_prior: list[tuple[str
         d = world.refresh_demand() if not terminal else world.demand
         # demand_guard
         if not terminal and "demand_guard" not in override:
-            if d.state != "ok":
-                return Refusal("demand_guard", f"demand is {d.state}: {d.error or 'no fresh read'}; no scale-down without a good read")
-            if None in (d.queued, d.running, d.workers_expected, d.workers_live, d.workers_dead):
-                return Refusal("demand_guard", "the demand read is missing counts (queued, running or workers); unknown is never zero")
-            if d.queued or d.backlog:
-                waiting = f"{d.queued} tasks queued" + (f", {d.backlog} in the backlog" if d.backlog else "")
-                return Refusal("demand_guard", f"{waiting}; {d.workers_expected} workers expected, {d.workers_live} live")  # counts known here
-            if "backlog" in d.unreadable:
-                return Refusal("demand_guard", f"the pipeline backlog is unknown ({d.unreadable['backlog']}); unknown is never zero")
-            if d.workers_dead:
-                return Refusal("demand_guard", f"{d.workers_dead} expected worker(s) dead; {d.workers_expected} expected, {d.workers_live} live")
+            refusal = demand_refusal(d)
+            if refusal is not None:
+                return refusal
         # owned_tasks: a live worker's tasks (a dead one's owner parks for an operator: forced approval)
         worker = world.worker_for(inst)
         if worker is not None and worker.owned_tasks and worker_live(inst, world):
             return Refusal("owned_tasks", f"{inst.external_id}'s worker owns {worker.owned_tasks} task(s); cordon and drain first")
         # hold_off
         if not terminal and "hold_off" not in override:
-            dwell = timedelta(minutes=lim.dwell_min)
-            if d.idle_since is None:
-                return Refusal("hold_off", f"on hold: the queue is not idle ({d.running or 0} running); a scale-down "
-                               f"waits until it has been empty for the dwell ({lim.dwell_min:g} min)")
-            if now - d.idle_since < dwell:
-                idle = (now - d.idle_since).total_seconds() / 60
-                return Refusal("hold_off", f"on hold: the queue has been empty for {idle:.1f} min; a scale-down waits "
-                               f"until it has been empty for the dwell ({lim.dwell_min:g} min)")
-            last = last_launch_at(world)
-            if last is not None and now - last < timedelta(minutes=lim.hold_off_min):
-                ago = (now - last).total_seconds() / 60
-                return Refusal("hold_off", f"on hold: the last launch was {ago:.1f} min ago; a scale-down waits "
-                               f"out the hold-off after a launch ({lim.hold_off_min:g} min)")
+            refusal = hold_refusal(world, d)
+            if refusal is not None:
+                return refusal
 
     # disruption_budget: the agent's retirements of capacity within the sliding window
     if tool in SCALE_DOWN_TOOLS and inst is not None and inst.killed_at is None and actor == "agent":

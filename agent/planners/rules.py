@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from agent.capacity import SIZING_SLACK, draining, per_worker_rate  # noqa: F401 (re-exported)
-from agent.guards import last_launch_at
+from agent.guards import idle_refusal
 from agent.lifecycle import recent_rejection
 from agent.planners.base import Planner, Proposal, Turn
 from agent.policy import policy_for
@@ -153,17 +153,10 @@ class RulesPlanner(Planner):
 
     @staticmethod
     def _idle(world) -> bool:
-        """Rule 4's conditions: demand ok, nothing queued, in the backlog or running, no expected
-        worker dead, the queue empty past the dwell and no launch within the hold-off."""
-        d, lim, now = world.demand, world.limits, clock.now()
-        if d.state != "ok" or d.queued != 0 or d.running != 0 or d.workers_dead != 0:
-            return False  # unknown counts (None) are never read as zero
-        if d.backlog or "backlog" in d.unreadable:
-            return False  # work waits in Curio's pipeline (or may): backlog is demand
-        if d.idle_since is None or now - d.idle_since < timedelta(minutes=lim.dwell_min):
-            return False
-        last = last_launch_at(world)
-        return last is None or now - last >= timedelta(minutes=lim.hold_off_min)
+        """Rule 4's conditions, the guards' own (:func:`agent.guards.idle_refusal`): demand ok with
+        every count known, nothing queued, in the backlog or running, no expected worker dead, the
+        queue empty past the dwell and no launch within the hold-off."""
+        return idle_refusal(world) is None
 
     def _long_stopped(self, world) -> list:
         """Instances stopped longer than ``stopped_destroy_h`` while the fleet is idle (:meth:`_idle`),
