@@ -134,3 +134,10 @@ def policy_for(tool: str, args: dict | None, table: dict, actor: str = "agent") 
             return table[f"launch_instance:{prio}"]
     return table.get(tool, "approval")
 
+
+def is_forbidden(tool: str, args: dict | None, table: dict, actor: str = "agent") -> bool:
+    """Whether the policy forbids this call: the one test of "forbidden" for the pipeline (before
+    and after the arguments are parsed: with ``args`` None only the bare ``TOOL`` key can say so),
+    the monitor, the ``rules`` planner and a parked launch at dispatch (:func:`policy_for`'s key
+    order: ``forbidden`` on ``TOOL`` binds every actor and priority)."""
+    return policy_for(tool, args, table, actor) == "forbidden"

@@ -31,7 +31,7 @@ from agent.capacity import SIZING_SLACK, draining, per_worker_rate  # noqa: F401
 from agent.guards import idle_refusal
 from agent.lifecycle import recent_rejection
 from agent.planners.base import Planner, Proposal, Turn
-from agent.policy import policy_for
+from agent.policy import is_forbidden
 from fleet.clock import clock
 from fleet.lifecycle import from_machine, is_terminal
 
@@ -113,7 +113,7 @@ def allowed(calls: list[Proposal], world) -> list[Proposal]:
     """``calls`` without those the policy table forbids: the built-in planner never proposes a
     forbidden tool (that would halt the run with ``forbidden_tool`` and abort the launch batched
     with it, starving the queue while the operator only meant "not that")."""
-    return [p for p in calls if policy_for(p.tool, p.args, world.policy) != "forbidden"]
+    return [p for p in calls if not is_forbidden(p.tool, p.args, world.policy)]
 
 
 def not_waiting(calls: list[Proposal]) -> list[Proposal]:
