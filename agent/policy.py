@@ -107,11 +107,19 @@ def effective_limits(state: SessionState | None = None) -> Limits:
     return Limits(values)
 
 
+def unattended() -> bool:
+    """Whether WARDEN_UNATTENDED applies: set, and the provider is the demo's ``local`` one. With a
+    provider that costs money (``ssh``, ``vastai``) it never does (settings refuse the pair at start;
+    a test or a replay that sets it later is held here too)."""
+    return bool(settings.WARDEN.get("UNATTENDED")) and settings.WARDEN.get("PROVIDER", "local") == "local"
+
+
 def effective_policy(state: SessionState | None = None) -> dict:
-    """The policy table: defaults, then WARDEN_UNATTENDED (everything auto), then overrides."""
+    """The policy table: defaults, then WARDEN_UNATTENDED (everything auto, local provider only:
+    :func:`unattended`), then overrides."""
     state = state or SessionState.get()
     table = dict(DEFAULT_POLICY)
-    if settings.WARDEN.get("UNATTENDED"):
+    if unattended():
         table = dict.fromkeys(table, "auto")
     table.update((state.overrides or {}).get("policy", {}))
     return table

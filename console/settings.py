@@ -389,7 +389,8 @@ WARDEN = {
     "MAX_INSTANCES": envint("WARDEN_MAX_INSTANCES", 4, minimum=0),
     "MAX_DPH": envfloat("WARDEN_MAX_DPH", 10.0),
     "DEFAULT_TARGET_PROOFS_HR": envfloat("WARDEN_TARGET_PROOFS_HR", 360),
-    # every tool policy "auto": the agent acts without approvals (the demo's unattended mode)
+    # every tool policy "auto": the agent acts without approvals (the demo's unattended mode; local
+    # provider only, checked below and in agent.policy.unattended)
     "UNATTENDED": envbool("WARDEN_UNATTENDED", False),
     # the local demo
     "PROOF_SECONDS": envfloat("WARDEN_PROOF_SECONDS", 20),
@@ -419,6 +420,10 @@ WARDEN = {
     # set by `manage.py replay` for the child it runs on a throwaway database (agent/management/commands/replay.py)
     "REPLAY_DB_DIR": os.environ.get("WARDEN_REPLAY_DB_DIR", ""),
 }
+if WARDEN["UNATTENDED"] and WARDEN["PROVIDER"] != "local":
+    # the demo's switch never takes the approvals away from a fleet that costs money
+    _fail("WARDEN_UNATTENDED", os.environ.get("WARDEN_UNATTENDED", ""),
+          f"only with WARDEN_PROVIDER=local (the demo); with {WARDEN['PROVIDER']} the approvals stay: unset it")
 
 # --- vast.ai (WARDEN_PROVIDER=vastai; fleet/providers/vastai.py) ------------------------------
 def _env_var_name(setting: str, default: str) -> str:

@@ -19,7 +19,7 @@ from agent.actions import (
     policy_keys,
 )
 from agent.models import SessionState
-from agent.policy import effective_limits, effective_policy
+from agent.policy import effective_limits, effective_policy, unattended
 from console.forms import (
     ObserveOnlyForm,
     ResetForm,
@@ -232,7 +232,7 @@ def settings_context(state: SessionState, form: SettingsForm) -> dict:
         "rows_policy": rows_policy,
         "rows_limits": rows_limits,
         "state": state,
-        "unattended": bool(settings.WARDEN.get("UNATTENDED")),
+        "unattended": unattended(),
     }
 
 
