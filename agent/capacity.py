@@ -111,7 +111,7 @@ def capacity(world) -> Capacity:
 
     d = world.demand
     now = clock.now()
-    grace = timedelta(seconds=float(getattr(world.limits, "startup_grace_s", settings.WARDEN["STARTUP_GRACE_S"]) or 0))
+    grace = timedelta(seconds=world.limits.startup_grace_s)
     cap = Capacity()
     unviewed = []
     for inst in world.instances:

@@ -28,6 +28,7 @@ from datetime import timedelta
 import psutil
 from django.db import IntegrityError, transaction
 
+from agent.limits import default
 from agent.models import Approval, SideEffect, Step
 from fleet.audit import do_audit
 from fleet.clock import clock
@@ -36,9 +37,6 @@ from fleet.models import AuditLog
 from fleet.secrets import redact, redact_obj
 
 log = logging.getLogger(__name__)
-
-#: default age (minutes) past which an open claim is settled against the provider (SCENARIOS.md)
-CLAIM_MAX_AGE_MIN = 30
 
 #: what a side-effect tool's effect looks like at the provider, by tool: the instance's status
 #: after it (``None``: the instance is gone). A reboot is seen by a start after the claim.
@@ -257,7 +255,7 @@ def doubtful(claim: SideEffect, max_age_min: float, now=None) -> str:
     return ""
 
 
-def settle_claims(max_age_min: float = CLAIM_MAX_AGE_MIN) -> list[SideEffect]:
+def settle_claims(max_age_min: float = default("claim_max_age_min")) -> list[SideEffect]:
     """Settle every doubtful open claim against the provider; returns the claims settled.
 
     Found: adopted (the claim completes ``done``; its step and approval say so). Not found: the

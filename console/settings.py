@@ -12,6 +12,8 @@ from urllib.parse import urlsplit
 
 import environ
 
+from agent.limits import env_problem
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 env = environ.Env()
 
@@ -420,6 +422,9 @@ WARDEN = {
     # set by `manage.py replay` for the child it runs on a throwaway database (agent/management/commands/replay.py)
     "REPLAY_DB_DIR": os.environ.get("WARDEN_REPLAY_DB_DIR", ""),
 }
+_limit_problem = env_problem(WARDEN)  # the limits schema's ranges (agent/limits.py)
+if _limit_problem is not None:
+    _fail(_limit_problem[0], os.environ.get(_limit_problem[0], ""), _limit_problem[1])
 if WARDEN["UNATTENDED"] and WARDEN["PROVIDER"] != "local":
     # the demo's switch never takes the approvals away from a fleet that costs money
     _fail("WARDEN_UNATTENDED", os.environ.get("WARDEN_UNATTENDED", ""),

@@ -61,6 +61,9 @@ def test_every_warden_variable_is_read_in_console_settings_only():
         ("WARDEN_LOOKS_DEAD_S", "abc"),
         ("WARDEN_LOOKS_DEAD_S", "0"),
         ("WARDEN_DIAGNOSE_FANOUT", "maybe"),
+        # beyond the limits schema's range (agent/limits.py), which the settings page also keeps
+        ("WARDEN_MAX_INSTANCES", "20000"),
+        ("WARDEN_DWELL_MIN", "5000"),
     ],
 )
 def test_malformed_setting_is_one_line_naming_it(setting, value, tmp_path):

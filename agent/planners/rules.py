@@ -89,7 +89,7 @@ def needs_diagnosis(inst, world) -> bool:
     d = world.fresh_diagnosis(inst)
     if d is None:
         return True
-    recheck = timedelta(minutes=getattr(world.limits, "network_recheck_min", 2))
+    recheck = timedelta(minutes=world.limits.network_recheck_min)
     return d.fault_class == "network" and clock.now() - d.taken_at >= recheck
 
 
