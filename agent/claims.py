@@ -30,6 +30,7 @@ from django.db import IntegrityError, transaction
 
 from agent.limits import default
 from agent.models import Approval, SideEffect, Step
+from agent.policy import effective_limits
 from fleet.audit import do_audit
 from fleet.clock import clock
 from fleet.events import emit
@@ -139,7 +140,8 @@ def our_launch_labels(labels: set[str]) -> set[str]:
 
 def open_claims_block(instance_ref: str = "", tool: str = "") -> SideEffect | None:
     """The open claim that blocks a call on ``instance_ref`` (``in_flight``) or, with ``tool``
-    ``launch_instance``, another launch (``launch_pending``). Settled claims block nothing."""
+    ``launch_instance``, another launch (``launch_pending``); the oldest, or None. Settled claims
+    block nothing. The one query of open claims the guards ask (``agent.guards.check``)."""
     qs = SideEffect.objects.filter(status="claimed")
     qs = qs.filter(instance_ref=instance_ref) if instance_ref else qs.filter(tool=tool)
     return qs.order_by("claimed_at").first()
@@ -302,8 +304,6 @@ def settle_claims(max_age_min: float = default("claim_max_age_min")) -> list[Sid
 def _record(claim: SideEffect, *, found: bool, detail: str) -> None:
     """Write a settled claim's outcome to its step, its approval and the audit log."""
     from datetime import timedelta as td
-
-    from agent.policy import effective_limits
 
     approval = Approval.objects.filter(idempotency_key=claim.key).select_related("step", "run").first()
     step = approval.step if approval else Step.objects.filter(idempotency_key=claim.key).order_by("-pk").first()

@@ -47,6 +47,7 @@ from datetime import timedelta
 
 from django.db.models import Max
 
+from agent.claims import open_claims_block
 from agent.lifecycle import recent_rejection
 from agent.models import Approval, SideEffect
 from agent.policy import PRIORITIES
@@ -288,7 +289,7 @@ def check(tool: str, args: dict, key: str, world, *, batch_prior: list[tuple[str
         if pending:
             return Refusal("launch_pending", f"launch of {pending[0].external_id} still pending ({pending[0].status or 'provisioning'})")
         # an open launch claim (settled ones block nothing: agent.claims.settle_claims)
-        if SideEffect.objects.filter(tool="launch_instance", status="claimed").exists():
+        if open_claims_block(tool="launch_instance") is not None:
             return Refusal("launch_pending", "an earlier launch is still in flight")
         # instance_cap (starving launches and instances being destroyed still count; an owned host
         # whose worker is not running is idle capacity a launch may start, not an instance in use)
@@ -318,8 +319,10 @@ def check(tool: str, args: dict, key: str, world, *, batch_prior: list[tuple[str
 
     # in_flight
     if spec.side_effect and inst is not None:
-        if SideEffect.objects.filter(instance_ref=inst.external_id, status="claimed").exists():
-            return Refusal("in_flight", f"a side effect on {inst.external_id} is already in flight")
+        claim = open_claims_block(instance_ref=inst.external_id)
+        if claim is not None:
+            return Refusal("in_flight", f"a side effect on {inst.external_id} is already in flight "
+                           f"({claim.tool}, claim {claim.pk} by {claim.actor})")
 
     # no_longer_needed (a parked launch or resume, at dispatch: the rules planner's sizing again)
     if at_dispatch and parked_within and tool in ("launch_instance", "resume_instance"):
