@@ -45,7 +45,7 @@ from pydantic import (
     model_validator,
 )
 
-from agent.limits import LIMIT_RANGES, MAX_TARGET_PROOFS_HR, Limits
+from agent.limits import LIMIT_RANGES, MAX_LIFECYCLE_MIN, MAX_TARGET_PROOFS_HR, Limits
 from agent.pipeline import MAX_BATCH_CALLS
 from fleet.numbers import NumberError, parse_number
 
@@ -584,6 +584,9 @@ def check_objectives(v: dict) -> dict:
     target = v.get("target_proofs_hr", 0)
     if not 0 <= target <= MAX_TARGET_PROOFS_HR:
         raise ValueError(f"objective 'target_proofs_hr' must be a number between 0 and 10^6 (got {target!r})")
+    for key in v:
+        if LIMIT_RANGES.get(key, ("", 0, 0))[2] == MAX_LIFECYCLE_MIN and not 0 <= v[key] <= MAX_LIFECYCLE_MIN:
+            raise ValueError(f"objective {key!r} must be between 0 and 10^6 minutes (got {v[key]!r})")
     # the same ranges the settings page enforces
     try:
         validate_overrides({}, {k: x for k, x in v.items() if k in LIMIT_RANGES})
