@@ -9,9 +9,12 @@ import hashlib
 
 from django.db import DatabaseError, transaction
 
-from agent.models import AuditLog, Run, SessionState, Step
+from agent.limits import LIMIT_RANGES, MAX_TARGET_PROOFS_HR
+from agent.models import Run, SessionState, Step
+from fleet.audit import do_audit
 from fleet.clock import clock
 from fleet.events import emit, trigger
+from fleet.models import AuditLog
 from fleet.numbers import NumberError, parse_number, parse_number_list
 from fleet.secrets import redact, redact_obj
 
@@ -28,30 +31,15 @@ class EffectNotRecorded(Exception):
         self.applied = applied
 
 
-def do_audit(actor: str, verb: str, target: str = "", reason: str = "", before=None, after=None) -> AuditLog:
-    """Write one audit row (secrets redacted) and announce ``actions-changed``."""
-    row = AuditLog.objects.create(
-        at=clock.now(),
-        actor=actor,
-        verb=verb,
-        target=str(target)[:200],
-        reason=redact(reason or ""),
-        before=redact_obj(before),
-        after=redact_obj(after),
-    )
-    emit("actions-changed")
-    return row
-
-
 @transaction.atomic
 def do_set_target(target: float, actor: str, reason: str = "") -> SessionState:
     """Set the target proofs/hr on the session anchor. Raises ValueError for a non-number, a
-    negative (``-0.0`` too), a non-finite, an above-1,000,000 or a vanishing (between 0 and 0.01)
+    negative (``-0.0`` too), a non-finite, an above-MAX_TARGET_PROOFS_HR (10^6) or a vanishing (between 0 and 0.01)
     target. Text from operators is parsed first by ``console.forms.parse_target``."""
     if isinstance(target, bool) or not isinstance(target, (int, float)):
         raise ValueError("target proofs/hr must be a number, e.g. 120")
     try:  # the operator-number rule: -0.0, 1e-320, inf are refused as their typed forms are
-        target = float(parse_number(target, "target proofs/hr", low=0, high=1_000_000, example="120"))
+        target = float(parse_number(target, "target proofs/hr", low=0, high=MAX_TARGET_PROOFS_HR, example="120"))
     except NumberError as exc:
         raise ValueError(str(exc)) from None
     if 0 < target < 0.01:
@@ -419,41 +407,6 @@ def do_cordon(inst, on: bool, *, actor: str, reason: str = "") -> int:
 
 # --- settings overrides and alert acknowledgement (appended for the console) -----------------
 POLICY_VALUES = ("auto", "approval", "forbidden")
-
-#: limits an operator may override: key -> (kind, low, high). ``int``/``float`` are numbers in
-#: [low, high]; ``pair`` is ``[n, seconds]`` (launch_rate); ``ints`` an ascending list of ints.
-LIMIT_RANGES = {
-    "max_instances": ("int", 0, 10_000),
-    "max_dph": ("float", 0, 100_000),
-    "dwell_min": ("float", 0, 1440),
-    "hold_off_min": ("float", 0, 1440),
-    "diagnosis_fresh_min": ("float", 1, 1440),
-    "approval_expiry_min": ("float", 1, 10_080),
-    "provisioning_limit_min": ("float", 5, 10_080),
-    # the lifecycle numbers (agent.lifecycle); minutes at most 10^6 (docs/replay.md, Bounds)
-    "offline_grace_min": ("float", 0, 1_000_000),
-    "claim_max_age_min": ("float", 0, 1_000_000),
-    "rejection_hold_min": ("float", 0, 1_000_000),
-    "starve_min": ("float", 0, 1_000_000),
-    "destroy_confirm_min": ("float", 1, 10_080),
-    "stopped_destroy_h": ("float", 1, 100_000),
-    "startup_grace_s": ("int", 0, 3600),
-    # the scale-down budget (agent.capacity.retire_budget): a sliding window and a share of capacity
-    "retire_window_min": ("float", 1, 1440),
-    "retire_budget_pct": ("float", 0, 100),
-    "max_steps": ("int", 1, 100),
-    "same_error": ("int", 1, 20),
-    "text_only_spiral": ("int", 1, 50),
-    "three_strikes": ("int", 1, 20),
-    "wall_clock_s": ("float", 10, 86_400),
-    "token_budget": ("int", 1000, 10_000_000),
-    "tool_timeout_s": ("float", 1, 3600),
-    "retry_attempts": ("int", 1, 10),
-    "observation_max_chars": ("int", 200, 200_000),
-    "repeat_reminders": ("ints", 1, 100),
-    "launch_rate": ("pair", 1, 86_400),
-}
-
 
 class OverrideError(ValueError):
     """A settings value is not acceptable; ``field`` names it (``policy.stop_instance``,

@@ -8,8 +8,8 @@ guards run again and the idempotency claim makes the side effect run at most onc
 
 from django.db import transaction
 
-from agent.actions import do_audit
 from agent.models import Approval
+from fleet.audit import do_audit
 from fleet.clock import clock
 from fleet.events import emit
 

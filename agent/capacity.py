@@ -108,11 +108,11 @@ def capacity(world) -> Capacity:
     source's view of its worker; a running instance the source gives no worker view of (a demand
     signal that reports only totals) is counted live up to the reading's ``workers_live`` total,
     and otherwise as starting inside the grace, else dead."""
-    from agent.lifecycle import blind, is_terminal, starving, worker_live
+    from fleet.lifecycle import blind, is_terminal, starving, worker_live
 
     d = world.demand
     now = clock.now()
-    grace = timedelta(seconds=float(getattr(world.limits, "startup_grace_s", settings.WARDEN["STARTUP_GRACE_S"]) or 0))
+    grace = timedelta(seconds=world.limits.startup_grace_s)
     cap = Capacity()
     unviewed = []
     for inst in world.instances:

@@ -28,15 +28,16 @@ from datetime import timedelta
 import psutil
 from django.db import IntegrityError, transaction
 
-from agent.models import Approval, AuditLog, SideEffect, Step
+from agent.limits import default
+from agent.models import Approval, SideEffect, Step
+from agent.policy import effective_limits
+from fleet.audit import do_audit
 from fleet.clock import clock
 from fleet.events import emit
+from fleet.models import AuditLog
 from fleet.secrets import redact, redact_obj
 
 log = logging.getLogger(__name__)
-
-#: default age (minutes) past which an open claim is settled against the provider (docs/contract.md)
-CLAIM_MAX_AGE_MIN = 30
 
 #: what a side-effect tool's effect looks like at the provider, by tool: the instance's status
 #: after it (``None``: the instance is gone). A reboot is seen by a start after the claim.
@@ -131,9 +132,16 @@ def close_claim(claim: SideEffect, status: str, result: str, code: str = "") -> 
     return bool(n)
 
 
+def our_launch_labels(labels: set[str]) -> set[str]:
+    """Those of ``labels`` that a launch of ours carries (:func:`launch_label`, any claim status):
+    one query. The monitor's orphan rule asks it (``fleet.monitor.decide``)."""
+    return set(SideEffect.objects.filter(label__in=list(labels)).values_list("label", flat=True)) if labels else set()
+
+
 def open_claims_block(instance_ref: str = "", tool: str = "") -> SideEffect | None:
     """The open claim that blocks a call on ``instance_ref`` (``in_flight``) or, with ``tool``
-    ``launch_instance``, another launch (``launch_pending``). Settled claims block nothing."""
+    ``launch_instance``, another launch (``launch_pending``); the oldest, or None. Settled claims
+    block nothing. The one query of open claims the guards ask (``agent.guards.check``)."""
     qs = SideEffect.objects.filter(status="claimed")
     qs = qs.filter(instance_ref=instance_ref) if instance_ref else qs.filter(tool=tool)
     return qs.order_by("claimed_at").first()
@@ -182,7 +190,6 @@ def lookup(claim: SideEffect, provider=None) -> Lookup:
 def adopt(pi, provider_name: str, *, actor: str, reason: str):
     """Record the provider's instance ``pi`` as ours (an :class:`fleet.models.Instance` row, created
     or updated); audited as ``adopt_instance``. Returns the row."""
-    from agent.actions import do_audit
     from fleet.models import Instance
 
     now = clock.now()
@@ -250,7 +257,7 @@ def doubtful(claim: SideEffect, max_age_min: float, now=None) -> str:
     return ""
 
 
-def settle_claims(max_age_min: float = CLAIM_MAX_AGE_MIN) -> list[SideEffect]:
+def settle_claims(max_age_min: float = default("claim_max_age_min")) -> list[SideEffect]:
     """Settle every doubtful open claim against the provider; returns the claims settled.
 
     Found: adopted (the claim completes ``done``; its step and approval say so). Not found: the
@@ -297,9 +304,6 @@ def settle_claims(max_age_min: float = CLAIM_MAX_AGE_MIN) -> list[SideEffect]:
 def _record(claim: SideEffect, *, found: bool, detail: str) -> None:
     """Write a settled claim's outcome to its step, its approval and the audit log."""
     from datetime import timedelta as td
-
-    from agent.actions import do_audit
-    from agent.policy import effective_limits
 
     approval = Approval.objects.filter(idempotency_key=claim.key).select_related("step", "run").first()
     step = approval.step if approval else Step.objects.filter(idempotency_key=claim.key).order_by("-pk").first()

@@ -12,7 +12,7 @@ carries ``tool_calls`` and is followed by one ``tool`` message per call):
   it ended nothing (no tool call, no verdict): the model sees its own last words and what the
   runtime made of them, instead of the identical prompt again; other intermediate text is dropped;
 - every observation — tool results, the runtime's world snapshot, monitor actions — is wrapped
-  by :func:`agent.untrusted.as_data` (delimited, labelled untrusted data);
+  by :func:`fleet.untrusted.as_data` (delimited, labelled untrusted data);
 - only the newest world snapshot (an ``observe`` step) is kept; older ones are stale;
 - tool outputs longer than :data:`OLD_OUTPUT_CHARS` and more than :data:`OLD_OUTPUT_AGE` messages
   old are replaced by a placeholder saying what was elided;
@@ -45,7 +45,7 @@ from agent.chat_answer import model_words
 from agent.models import Run, SessionState, Step
 from agent.planners.base import without_verdicts
 from agent.tool_specs import canonical_json
-from agent.untrusted import as_data
+from fleet.untrusted import as_data
 
 #: conservative characters per token for the estimate (English and JSON run 3.5–4.5 on common
 #: tokenizers); the calibration factor corrects it from the API's reported ``prompt_tokens``

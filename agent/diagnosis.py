@@ -8,7 +8,7 @@ sub-agent that knows GPU faults — Xid codes, ECC errors, a lost device — and
 ``fleet.diagnostics.Verdict`` (pydantic). A model that fails, answers outside the schema or
 does not answer keeps the rules' verdict (``judge="rules"``), with the reason logged.
 
-The evidence is shown to the model as untrusted data (``agent.untrusted.as_data``), already
+The evidence is shown to the model as untrusted data (``fleet.untrusted.as_data``), already
 redacted; it never holds a secret.
 """
 
@@ -17,6 +17,7 @@ import logging
 
 from pydantic import ValidationError
 
+from fleet.audit import do_audit
 from fleet.diagnostics import Verdict, diagnose, diagnose_many
 
 log = logging.getLogger(__name__)
@@ -51,8 +52,8 @@ def model_judge(evidence: dict, *, instance=None, worker=None, rules: Verdict | 
     (no model configured, the call failed, or the answer is not a valid verdict: the rules'
     verdict stands). Never raises for the model's failure."""
     from agent.model_client import ModelConfig, ModelError, chat
-    from agent.untrusted import as_data
     from fleet.secrets import SecretReferenceError
+    from fleet.untrusted import as_data
 
     cfg = ModelConfig.from_settings()
     if cfg is None:
@@ -204,7 +205,6 @@ def do_diagnose(inst, *, actor: str):
     """An operator's "Diagnose now": diagnose ``inst``, write the audit row with the verdict, and
     announce ``fleet-changed``. Returns the ``Diagnosis``. Raises ``ValueError`` for a killed
     instance (nothing to reach)."""
-    from agent.actions import do_audit
     from fleet.events import emit
 
     if inst.killed_at is not None:

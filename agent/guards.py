@@ -12,7 +12,7 @@ whole order, with the stage that reports each code:
 :func:`agent.lifecycle.forced_approval`). Guards run when a call is proposed and again at
 dispatch of an approved call (an approval granted on stale facts executes nothing).
 
-Rules and their sources (what "terminal", "blind" and "starving" mean is ``agent.lifecycle``):
+Rules and their sources (what "terminal", "blind" and "starving" mean is ``fleet.lifecycle``):
 - ``target_gone``: the instance is killed (destroyed or vanished from a successful list); a
   destroy re-sent after ``destroy_unconfirmed`` is not refused for it;
 - ``already_running``: a resume of an instance the provider reports ``running`` at the check (the
@@ -47,11 +47,13 @@ from datetime import timedelta
 
 from django.db.models import Max
 
-from agent.lifecycle import is_terminal, recent_rejection, starving, worker_live
+from agent.claims import open_claims_block
+from agent.lifecycle import recent_rejection
 from agent.models import Approval, SideEffect
 from agent.policy import PRIORITIES
 from agent.tool_specs import TOOLS, canonical_json
 from fleet.clock import clock
+from fleet.lifecycle import is_terminal, starving, worker_live
 from fleet.models import PENDING_STATUSES
 from fleet.providers import ProviderError, get_provider
 
@@ -72,6 +74,59 @@ def last_launch_at(world):
     created = max((i.created_at for i in world.instances), default=None)
     times = [t for t in (se, created) if t is not None]
     return max(times) if times else None
+
+
+def demand_refusal(d) -> Refusal | None:
+    """The ``demand_guard`` refusal of a scale-down on the demand reading ``d``, or ``None``:
+    demand not ``ok``, a count missing (unknown is never zero), tasks queued or in the backlog, the
+    backlog unreadable, or an expected worker dead. The first half of "idle enough to retire"
+    (:func:`idle_refusal`), for the guards and the ``rules`` planner alike."""
+    if d is None or d.state != "ok":
+        state = d.state if d is not None else "unknown"
+        return Refusal("demand_guard", f"demand is {state}: {(d.error if d else '') or 'no fresh read'}; "
+                       "no scale-down without a good read")
+    if None in (d.queued, d.running, d.workers_expected, d.workers_live, d.workers_dead):
+        return Refusal("demand_guard", "the demand read is missing counts (queued, running or workers); unknown is never zero")
+    if d.queued or d.backlog:
+        waiting = f"{d.queued} tasks queued" + (f", {d.backlog} in the backlog" if d.backlog else "")
+        return Refusal("demand_guard", f"{waiting}; {d.workers_expected} workers expected, {d.workers_live} live")
+    if "backlog" in d.unreadable:
+        return Refusal("demand_guard", f"the pipeline backlog is unknown ({d.unreadable['backlog']}); unknown is never zero")
+    if d.workers_dead:
+        return Refusal("demand_guard", f"{d.workers_dead} expected worker(s) dead; {d.workers_expected} expected, {d.workers_live} live")
+    return None
+
+
+def hold_refusal(world, d) -> Refusal | None:
+    """The ``hold_off`` refusal of a scale-down, or ``None``: tasks are running, the queue has not
+    been empty for the dwell (``dwell_min``), or a launch happened within the hold-off
+    (``hold_off_min``). The second half of "idle enough to retire" (:func:`idle_refusal`).
+
+    Running tasks are never idle, whatever ``idle_since`` says: a reading that claims an idle
+    queue while it counts running tasks contradicts itself, and a contradiction holds a
+    scale-down off (this is the ``rules`` planner's reading, which the guards share since the two
+    copies disagreed)."""
+    lim, now = world.limits, clock.now()
+    if d.running or d.idle_since is None:
+        return Refusal("hold_off", f"on hold: the queue is not idle ({d.running or 0} running); a scale-down "
+                       f"waits until it has been empty for the dwell ({lim.dwell_min:g} min)")
+    if now - d.idle_since < timedelta(minutes=lim.dwell_min):
+        idle = (now - d.idle_since).total_seconds() / 60
+        return Refusal("hold_off", f"on hold: the queue has been empty for {idle:.1f} min; a scale-down waits "
+                       f"until it has been empty for the dwell ({lim.dwell_min:g} min)")
+    last = last_launch_at(world)
+    if last is not None and now - last < timedelta(minutes=lim.hold_off_min):
+        ago = (now - last).total_seconds() / 60
+        return Refusal("hold_off", f"on hold: the last launch was {ago:.1f} min ago; a scale-down waits "
+                       f"out the hold-off after a launch ({lim.hold_off_min:g} min)")
+    return None
+
+
+def idle_refusal(world) -> Refusal | None:
+    """Why the fleet is not idle enough to retire an instance (``demand_guard`` or ``hold_off``),
+    or ``None`` when it is: the one rule the guards (per call, around ``owned_tasks``) and the
+    ``rules`` planner (before proposing any retirement) both apply, on ``world.demand``."""
+    return demand_refusal(world.demand) or hold_refusal(world, world.demand)
 
 
 def _launch_price(args: dict) -> float:
@@ -187,36 +242,18 @@ def check(tool: str, args: dict, key: str, world, *, batch_prior: list[tuple[str
         d = world.refresh_demand() if not terminal else world.demand
         # demand_guard
         if not terminal and "demand_guard" not in override:
-            if d.state != "ok":
-                return Refusal("demand_guard", f"demand is {d.state}: {d.error or 'no fresh read'}; no scale-down without a good read")
-            if None in (d.queued, d.running, d.workers_expected, d.workers_live, d.workers_dead):
-                return Refusal("demand_guard", "the demand read is missing counts (queued, running or workers); unknown is never zero")
-            if d.queued or d.backlog:
-                waiting = f"{d.queued} tasks queued" + (f", {d.backlog} in the backlog" if d.backlog else "")
-                return Refusal("demand_guard", f"{waiting}; {d.workers_expected} workers expected, {d.workers_live} live")  # counts known here
-            if "backlog" in d.unreadable:
-                return Refusal("demand_guard", f"the pipeline backlog is unknown ({d.unreadable['backlog']}); unknown is never zero")
-            if d.workers_dead:
-                return Refusal("demand_guard", f"{d.workers_dead} expected worker(s) dead; {d.workers_expected} expected, {d.workers_live} live")
+            refusal = demand_refusal(d)
+            if refusal is not None:
+                return refusal
         # owned_tasks: a live worker's tasks (a dead one's owner parks for an operator: forced approval)
         worker = world.worker_for(inst)
         if worker is not None and worker.owned_tasks and worker_live(inst, world):
             return Refusal("owned_tasks", f"{inst.external_id}'s worker owns {worker.owned_tasks} task(s); cordon and drain first")
         # hold_off
         if not terminal and "hold_off" not in override:
-            dwell = timedelta(minutes=lim.dwell_min)
-            if d.idle_since is None:
-                return Refusal("hold_off", f"on hold: the queue is not idle ({d.running or 0} running); a scale-down "
-                               f"waits until it has been empty for the dwell ({lim.dwell_min:g} min)")
-            if now - d.idle_since < dwell:
-                idle = (now - d.idle_since).total_seconds() / 60
-                return Refusal("hold_off", f"on hold: the queue has been empty for {idle:.1f} min; a scale-down waits "
-                               f"until it has been empty for the dwell ({lim.dwell_min:g} min)")
-            last = last_launch_at(world)
-            if last is not None and now - last < timedelta(minutes=lim.hold_off_min):
-                ago = (now - last).total_seconds() / 60
-                return Refusal("hold_off", f"on hold: the last launch was {ago:.1f} min ago; a scale-down waits "
-                               f"out the hold-off after a launch ({lim.hold_off_min:g} min)")
+            refusal = hold_refusal(world, d)
+            if refusal is not None:
+                return refusal
 
     # disruption_budget: the agent's retirements of capacity within the sliding window
     if tool in SCALE_DOWN_TOOLS and inst is not None and inst.killed_at is None and actor == "agent":
@@ -252,7 +289,7 @@ def check(tool: str, args: dict, key: str, world, *, batch_prior: list[tuple[str
         if pending:
             return Refusal("launch_pending", f"launch of {pending[0].external_id} still pending ({pending[0].status or 'provisioning'})")
         # an open launch claim (settled ones block nothing: agent.claims.settle_claims)
-        if SideEffect.objects.filter(tool="launch_instance", status="claimed").exists():
+        if open_claims_block(tool="launch_instance") is not None:
             return Refusal("launch_pending", "an earlier launch is still in flight")
         # instance_cap (starving launches and instances being destroyed still count; an owned host
         # whose worker is not running is idle capacity a launch may start, not an instance in use)
@@ -282,8 +319,10 @@ def check(tool: str, args: dict, key: str, world, *, batch_prior: list[tuple[str
 
     # in_flight
     if spec.side_effect and inst is not None:
-        if SideEffect.objects.filter(instance_ref=inst.external_id, status="claimed").exists():
-            return Refusal("in_flight", f"a side effect on {inst.external_id} is already in flight")
+        claim = open_claims_block(instance_ref=inst.external_id)
+        if claim is not None:
+            return Refusal("in_flight", f"a side effect on {inst.external_id} is already in flight "
+                           f"({claim.tool}, claim {claim.pk} by {claim.actor})")
 
     # no_longer_needed (a parked launch or resume, at dispatch: the rules planner's sizing again)
     if at_dispatch and parked_within and tool in ("launch_instance", "resume_instance"):

@@ -84,9 +84,9 @@ def call_facts(world, tool: str, args: dict, actor: str) -> dict:
     has no view of the worker. Never raises: a fact that cannot be read is recorded null.
     """
     from agent.capacity import capacity, facts_priority, less_urgent
-    from agent.lifecycle import is_terminal
     from agent.policy import policy_for
     from agent.tool_specs import TOOLS
+    from fleet.lifecycle import is_terminal
 
     d = world.demand
     out: dict = {"demand": None, "target": None}
@@ -182,7 +182,7 @@ def _operator_approved(step, approvals: dict, decisions: set[int]) -> tuple[bool
 
 def _decisions(approvals) -> set[int]:
     """The ids among ``approvals`` an operator approved (the audit rows of ``do_decide``)."""
-    from agent.models import AuditLog
+    from fleet.models import AuditLog
 
     if not approvals:
         return set()

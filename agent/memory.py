@@ -26,8 +26,8 @@ from datetime import timedelta
 
 from django.db import connection, transaction
 
-from agent.actions import do_audit
 from agent.models import MemoryFact, ShortTermMessage
+from fleet.audit import do_audit
 from fleet.clock import clock
 from fleet.events import emit
 from fleet.secrets import redact

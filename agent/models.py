@@ -263,24 +263,6 @@ class ShortTermMessage(models.Model):
         ordering = ["id"]
 
 
-class AuditLog(models.Model):
-    """Who or what did what, when, why: before and after. Written by every ``do_*`` action.
-
-    ``actor``: ``user:<name>``, ``agent``, ``monitor`` or ``system``.
-    """
-
-    at = models.DateTimeField(db_index=True)
-    actor = models.CharField(max_length=150)
-    verb = models.CharField(max_length=60)
-    target = models.CharField(max_length=200, blank=True)
-    reason = models.TextField(blank=True)
-    before = models.JSONField(null=True, blank=True)
-    after = models.JSONField(null=True, blank=True)
-
-    class Meta:
-        ordering = ["-at", "-id"]
-
-
 class NotificationSettings(models.Model):
     """One operator's notification settings (the Notifications page; ``agent.notifications``).
 

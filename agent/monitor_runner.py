@@ -10,10 +10,11 @@ close) comes from ``agent.runs``, as the loop's does. They are recorded as call 
 with actor ``monitor`` (no planner turn) and appear in the Actions tab through the audit log.
 """
 
+from agent.claims import our_launch_labels
 from agent.guards import check as guard_check
 from agent.lifecycle import forced_approval
 from agent.pipeline import Decision, _finish, execute, idempotency_key, park, run_injected
-from agent.policy import policy_for
+from agent.policy import is_forbidden, policy_for
 from agent.runs import RunBusy, acquire_lock, claim_run, close_run, release_lock, turn_context
 from agent.tools import TOOLS
 from fleet.alerts import raise_alert
@@ -25,7 +26,7 @@ def monitor_actions(world) -> list:
     from agent.models import Approval
 
     waiting = {(a.tool, (a.args or {}).get("instance_id")) for a in Approval.objects.filter(status="waiting")}
-    return [a for a in decide(world) if (a.tool, a.args.get("instance_id")) not in waiting]
+    return [a for a in decide(world, our_launch_labels) if (a.tool, a.args.get("instance_id")) not in waiting]
 
 
 def run_monitor(tc) -> int:
@@ -63,7 +64,7 @@ def _act(tc, pos: int, act):
     key = idempotency_key(tc.run.number, 10_000, pos, act.tool, act.args)
     step.idempotency_key = key
     policy = policy_for(act.tool, act.args, tc.world.policy, "monitor")
-    if policy == "forbidden":  # skipped; a monitor action halts nothing
+    if is_forbidden(act.tool, act.args, tc.world.policy, "monitor"):  # skipped; a monitor action halts nothing
         return _finish(step, "refused", "forbidden_tool", f"{act.tool} is forbidden by policy; the monitor skips it", ok=False)
     refusal = guard_check(act.tool, act.args, key, tc.world, actor="monitor", observe_only=tc.observe_only)
     if refusal is not None:

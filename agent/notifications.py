@@ -32,6 +32,7 @@ from django.db.models import Q
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from agent.models import Approval, Notification, NotificationSettings
+from fleet.audit import do_audit
 from fleet.clock import clock
 from fleet.secrets import SecretReferenceError, redact, resolve
 
@@ -154,8 +155,6 @@ def enqueue(pk: int) -> bool:
 def send_test(user, actor: str) -> list[Notification]:
     """A test message to ``user`` on each channel they configured (the Notifications page's "Send a
     test"); audited as ``notify_test``. Raises ValueError when no channel is configured."""
-    from agent.actions import do_audit
-
     prefs = NotificationSettings.objects.filter(user=user).first()
     channels = [c for c, on in (("email", prefs and prefs.email), ("webhook", prefs and prefs.webhook_ref)) if on]
     if not channels:
@@ -342,8 +341,6 @@ def deliver(pk: int, *, last_try: bool = True) -> Notification | None:
     ones on the ``last_try``); ``retrying`` (transient failures, and the caller retries later). A row
     already sent is left alone (a redelivered task sends nothing twice). None when the row is gone.
     """
-    from agent.actions import do_audit
-
     n = Notification.objects.filter(pk=pk).first()
     if n is None or n.status == "sent":
         return n

@@ -134,7 +134,6 @@ class World:
             **backlog_view(reading),
             "proofs_hr": reading.proofs_hr,
             "proof_s": reading.proof_s,
-            "active": reading.active,
             "idle_min": idle_min,
             **unmatched_view(reading),
         }
@@ -210,7 +209,6 @@ def read_and_record_demand(instances) -> DemandReading:
         backlog=reading.backlog,
         proofs_hr=reading.proofs_hr,
         proof_s=reading.proof_s,
-        active=reading.active,
         idle_since=reading.idle_since if reading.state == "ok" else None,
         detail={**unmatched_view(reading), **backlog_view(reading), **({"workers_starting": reading.workers_starting} if reading.workers_starting is not None else {}),
                 "source": reading.source, **({"rate_window_s": reading.rate_window_s} if reading.rate_window_s else {}),
@@ -285,7 +283,7 @@ def lifecycle_alerts(world: World) -> None:
     - ``instance_exited``: an instance that exited or errored while we wanted it running, or whose
       worker stopped heartbeating while it runs, with the evidence (status, exit
       code, message, last heartbeat); resolved when it runs with a live worker again;
-    - ``stuck_provisioning``: a launch starving the queue (``agent.lifecycle.starving``);
+    - ``stuck_provisioning``: a launch starving the queue (``fleet.lifecycle.starving``);
     - ``provider_error`` for an owned SSH host that cannot be reached, with a diagnosis (never removed);
     - waiting approvals whose instance is gone are void at once (``target_gone``).
 
@@ -298,8 +296,8 @@ def lifecycle_alerts(world: World) -> None:
     """
     from django.conf import settings
 
-    from agent.lifecycle import blind, starving, worker_live
-    from agent.untrusted import scan_instance
+    from fleet.lifecycle import blind, starving, worker_live
+    from fleet.untrusted import scan_instance
 
     startup_grace = timedelta(seconds=settings.WARDEN["STARTUP_GRACE_S"])
     # one query for the episodes already open: an open alert is not raised again and only an open
@@ -312,7 +310,7 @@ def lifecycle_alerts(world: World) -> None:
         hits = scan_instance(inst)
         if hits:
             world.injection += [f"{inst.external_id} {name}: {frag[:120]}" for name, frag in hits]
-            from agent.untrusted import raise_instance_injection
+            from fleet.untrusted import raise_instance_injection
 
             raise_instance_injection(inst.external_id, hits)
         key = f"instance_exited:{inst.external_id}"

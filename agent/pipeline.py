@@ -28,13 +28,13 @@ from agent.guards import duplicate as duplicate_refusal
 from agent.lifecycle import forced_approval
 from agent.models import Approval, SideEffect, Step
 from agent.observe import with_retries
-from agent.policy import PRIORITIES, policy_for
+from agent.policy import PRIORITIES, is_forbidden, policy_for
 from agent.tools import PUBLIC_TOOLS, TOOLS, ToolContext, ToolError, canonical_json
-from agent.untrusted import scan_for_injection
 from fleet.clock import clock
 from fleet.events import emit
 from fleet.providers import ProviderError
 from fleet.secrets import redact, redact_obj
+from fleet.untrusted import scan_for_injection
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +180,7 @@ def score_turn(tc, turn) -> tuple[list[Decision], Halt | None]:
         args, why = _parse(p)
         if args is not None:
             step.args = redact_obj(args)
-        if tc.world.policy.get(p.tool) == "forbidden":
+        if is_forbidden(p.tool, None, tc.world.policy):
             _finish(step, "halted", "forbidden_tool", f"{p.tool} is forbidden by policy", ok=False)
             halt = Halt("forbidden_tool", f"{p.tool} is forbidden by policy")
             dec.action = "done"
@@ -219,7 +219,7 @@ def score_turn(tc, turn) -> tuple[list[Decision], Halt | None]:
                     notes.append(priority_detail(proposed, facts))
             if not within:
                 notes.append(beyond_detail(need))
-        if policy_for(p.tool, policy_args, tc.world.policy) == "forbidden":
+        if is_forbidden(p.tool, policy_args, tc.world.policy):
             prio = policy_args.get("launch_priority")
             why = f" ({'; '.join(notes)})" if notes else ""
             _finish(step, "halted", "forbidden_tool", f"{p.tool} at priority {prio} is forbidden by policy{why}", ok=False)
@@ -630,7 +630,7 @@ def dispatch_priority_refusal(world, tool: str, args: dict) -> Refusal | None:
         return None
     proposed, facts = args["launch_priority"], facts_priority(world)
     key = less_urgent(proposed, facts)
-    if policy_for(tool, {**args, "launch_priority": key}, world.policy) == "forbidden":
+    if is_forbidden(tool, {**args, "launch_priority": key}, world.policy):
         return Refusal("forbidden_tool", f"launch_instance:{key} is forbidden by policy (proposed {proposed}, facts {facts})")
     return None
 

@@ -9,10 +9,9 @@ Policy values: ``auto`` (runs within the guards), ``approval`` (parks for an ope
 per priority, ``launch_instance:P0`` … ``:P3`` (docs/contract.md, Policy).
 """
 
-from dataclasses import dataclass
-
 from django.conf import settings
 
+from agent.limits import FROM_ENV, Limits
 from agent.models import SessionState
 
 PRIORITIES = ("P0", "P1", "P2", "P3")
@@ -43,75 +42,33 @@ DEFAULT_POLICY = {
 #: the actor whose actions take ``TOOL:<actor>`` policy keys
 MONITOR = "monitor"
 
-#: breaker thresholds and budgets (docs/contract.md, Reason codes)
-DEFAULT_LIMITS = {
-    "max_steps": 12,  # planner turns per run
-    "same_error": 2,  # halt when the last N errors are the same
-    "text_only_spiral": 5,  # consecutive text-only turns
-    "three_strikes": 3,  # failures of one tool in a run
-    "wall_clock_s": 300,  # run time budget, seconds
-    "token_budget": 60000,  # tokens in + out per run
-    "tool_timeout_s": 30,  # default per-tool timeout, seconds
-    "retry_attempts": 3,  # attempts for a transient error (first try included)
-    "observation_max_chars": 4000,  # longer observations are cut head and tail
-    "repeat_reminders": [3, 5, 8],  # advisory repeat reminder thresholds (docs/agent.md)
-    "diagnosis_fresh_min": 15,  # stop/destroy need a diagnosis this fresh
-    "network_recheck_min": 2,  # a network-class diagnosis (SSH unreachable) is taken again after this
-    "approval_expiry_min": 30,
-    "provisioning_limit_min": 180,  # stuck created/loading/scheduling past this is terminal
-    # docs/contract.md: Terminal, Starvation and the reason codes
-    "offline_grace_min": 30,  # provider status unknown/offline this long (worker dead) is terminal
-    "claim_max_age_min": 30,  # a side effect claimed and unfinished this long is a stale claim
-    "rejection_hold_min": 60,  # an operator's rejection stands this long unless demand changes state
-    "starve_min": 30,  # with work queued and no live worker, a launch pending this long stops blocking
-    "destroy_confirm_min": 15,  # a destroy still listed this long is destroy_unconfirmed (sent again)
-    "launch_rate": [6, 600],  # at most N launches per S seconds (rate_limited)
-    # a stopped instance still pays for its disk (vast.ai bills a stopped instance's storage): stopped longer than this, the rules
-    # planner proposes destroying it (destroy_instance's policy: approval by default)
-    "stopped_destroy_h": 24,
-    # the scale-down budget (agent.capacity.retire_budget): the agent retires at most
-    # max(1, floor(pct% of capacity)) live or starting instances per sliding window
-    "retire_window_min": 15,
-    "retire_budget_pct": 50,
-}
-
-
-@dataclass(frozen=True)
-class Limits:
-    """The effective numbers for one run (defaults < env settings < operator overrides)."""
-
-    values: dict
-
-    def __getattr__(self, name):
-        try:
-            return self.values[name]
-        except KeyError:
-            raise AttributeError(name) from None
-
-
 def effective_limits(state: SessionState | None = None) -> Limits:
-    """Defaults merged with env settings (dwell, hold-off, caps) and the anchor's overrides."""
+    """The schema's defaults (``agent.limits.Limits``) merged with the env settings
+    (``agent.limits.FROM_ENV``: dwell, hold-off, caps, startup grace), the anchor's objectives,
+    its operator overrides and its target. Raises ``pydantic.ValidationError`` when a stored
+    value is not a limit or not of its type and range (they are checked where they enter)."""
     state = state or SessionState.get()
     w = settings.WARDEN
-    values = dict(DEFAULT_LIMITS)
-    values.update(
-        dwell_min=w["DWELL_MIN"],
-        hold_off_min=w["HOLD_OFF_MIN"],
-        max_instances=w["MAX_INSTANCES"],
-        max_dph=w["MAX_DPH"],
-        startup_grace_s=w["STARTUP_GRACE_S"],
-    )
+    values = {name: w[key] for name, key in FROM_ENV.items()}
     values.update(state.objectives or {})
     values.update((state.overrides or {}).get("limits", {}))
     values["target_proofs_hr"] = state.target_proofs_hr
-    return Limits(values)
+    return Limits(**values)
+
+
+def unattended() -> bool:
+    """Whether WARDEN_UNATTENDED applies: set, and the provider is the demo's ``local`` one. With a
+    provider that costs money (``ssh``, ``vastai``) it never does (settings refuse the pair at start;
+    a test or a replay that sets it later is held here too)."""
+    return bool(settings.WARDEN.get("UNATTENDED")) and settings.WARDEN.get("PROVIDER", "local") == "local"
 
 
 def effective_policy(state: SessionState | None = None) -> dict:
-    """The policy table: defaults, then WARDEN_UNATTENDED (everything auto), then overrides."""
+    """The policy table: defaults, then WARDEN_UNATTENDED (everything auto, local provider only:
+    :func:`unattended`), then overrides."""
     state = state or SessionState.get()
     table = dict(DEFAULT_POLICY)
-    if settings.WARDEN.get("UNATTENDED"):
+    if unattended():
         table = dict.fromkeys(table, "auto")
     table.update((state.overrides or {}).get("policy", {}))
     return table
@@ -135,6 +92,9 @@ def policy_for(tool: str, args: dict | None, table: dict, actor: str = "agent") 
     return table.get(tool, "approval")
 
 
-def forbidden(tool: str, table: dict) -> bool:
-    """A tool is forbidden when its base policy is ``forbidden``."""
-    return table.get(tool) == "forbidden"
+def is_forbidden(tool: str, args: dict | None, table: dict, actor: str = "agent") -> bool:
+    """Whether the policy forbids this call: the one test of "forbidden" for the pipeline (before
+    and after the arguments are parsed: with ``args`` None only the bare ``TOOL`` key can say so),
+    the monitor, the ``rules`` planner and a parked launch at dispatch (:func:`policy_for`'s key
+    order: ``forbidden`` on ``TOOL`` binds every actor and priority)."""
+    return policy_for(tool, args, table, actor) == "forbidden"

@@ -21,9 +21,10 @@ from datetime import timedelta
 
 from pydantic import ValidationError
 
-from agent.models import AuditLog, Run, SessionState
-from agent.replay.file_format import LIFECYCLE_KEYS, OBJECTIVE_KEYS, Scenario
-from fleet.models import Diagnosis, Instance
+from agent.limits import FROM_ENV
+from agent.models import Run, SessionState
+from agent.replay.file_format import Scenario
+from fleet.models import AuditLog, Diagnosis, Instance
 from fleet.secrets import redact, redact_obj
 
 #: side effects listed in ``history`` (docs/replay.md: past actions, for hold-off and launch-pending)
@@ -32,6 +33,11 @@ HISTORY_WINDOW = timedelta(hours=24)
 PROVIDERS = ("vastai", "ssh", "local", "scenario")
 STATUSES = ("created", "loading", "scheduling", "running", "stopped", "exited", "error", "unknown", "offline",
             "rebooting", "frozen")
+
+#: the limits an exported scenario carries as objectives: the target, the env-set ones and the
+#: lifecycle numbers (the rest are the product's defaults, which the replay applies anyway)
+EXPORTED_LIMITS = {"target_proofs_hr", *FROM_ENV, "offline_grace_min", "provisioning_limit_min", "claim_max_age_min",
+                   "rejection_hold_min", "starve_min"}
 
 
 class ScenarioExportError(ValueError):
@@ -191,7 +197,7 @@ def export_run(run: Run) -> dict:
     now = observed_at or run.started_at
     state = _state_then(now)
     limits = effective_limits(state).values
-    objectives = {k: limits[k] for k in sorted(OBJECTIVE_KEYS | LIFECYCLE_KEYS) if isinstance(limits.get(k), (int, float))}
+    objectives = {k: limits[k] for k in sorted(EXPORTED_LIMITS) if isinstance(limits.get(k), (int, float))}
     if isinstance(summary.get("target_proofs_hr"), (int, float)):
         objectives["target_proofs_hr"] = summary["target_proofs_hr"]
     demand = _demand(summary.get("demand") or {})

@@ -21,9 +21,9 @@ from datetime import timedelta
 
 from django.db import DatabaseError
 
-from agent.models import AuditLog, Step
+from agent.models import Step
 from fleet.clock import clock
-from fleet.models import Alert, Diagnosis, Instance
+from fleet.models import Alert, AuditLog, Diagnosis, Instance
 
 KINDS = ("launch", "diagnosis", "action", "agent", "decision", "alert", "rate")
 RATE_WINDOW = timedelta(hours=48)

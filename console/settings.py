@@ -13,6 +13,8 @@ from urllib.parse import urlsplit
 
 import environ
 
+from agent.limits import env_problem
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 env = environ.Env()
 
@@ -390,7 +392,8 @@ WARDEN = {
     "MAX_INSTANCES": envint("WARDEN_MAX_INSTANCES", 4, minimum=0),
     "MAX_DPH": envfloat("WARDEN_MAX_DPH", 10.0),
     "DEFAULT_TARGET_PROOFS_HR": envfloat("WARDEN_TARGET_PROOFS_HR", 360),
-    # every tool policy "auto": the agent acts without approvals (the demo's unattended mode)
+    # every tool policy "auto": the agent acts without approvals (the demo's unattended mode; local
+    # provider only, checked below and in agent.policy.unattended)
     "UNATTENDED": envbool("WARDEN_UNATTENDED", False),
     # the local demo
     "PROOF_SECONDS": envfloat("WARDEN_PROOF_SECONDS", 20),
@@ -422,6 +425,13 @@ WARDEN = {
     # set by `manage.py rehearse` for the child it runs a day in on scratch SQLite files (agent/management/commands/rehearse.py)
     "REHEARSE_DB_DIR": os.environ.get("WARDEN_REHEARSE_DB_DIR", ""),
 }
+_limit_problem = env_problem(WARDEN)  # the limits schema's ranges (agent/limits.py)
+if _limit_problem is not None:
+    _fail(_limit_problem[0], os.environ.get(_limit_problem[0], ""), _limit_problem[1])
+if WARDEN["UNATTENDED"] and WARDEN["PROVIDER"] != "local":
+    # the demo's switch never takes the approvals away from a fleet that costs money
+    _fail("WARDEN_UNATTENDED", os.environ.get("WARDEN_UNATTENDED", ""),
+          f"only with WARDEN_PROVIDER=local (the demo); with {WARDEN['PROVIDER']} the approvals stay: unset it")
 
 # --- vast.ai (WARDEN_PROVIDER=vastai; fleet/providers/vastai.py) ------------------------------
 def _env_var_name(setting: str, default: str) -> str:

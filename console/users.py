@@ -23,7 +23,7 @@ from django.contrib.auth.validators import UnicodeUsernameValidator
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from agent.actions import do_audit
+from fleet.audit import do_audit
 from fleet.events import emit
 from fleet.skeleton import skeleton
 

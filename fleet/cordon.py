@@ -8,6 +8,7 @@ every cordoned instance's worker. The local provider also starts a cordoned work
 ``--cordoned``, so it never claims a task between its start and the next re-application.
 """
 
+from fleet.audit import do_audit
 from fleet.harmony import HARMONY_ALIAS, HarmonyMachine, HarmonyMachineDetails
 
 
@@ -17,8 +18,6 @@ def reapply(instances) -> list[str]:
     Returns the external ids re-cordoned (each audited as ``cordon_reapplied``). Raises
     ``DatabaseError`` when the harmony database cannot be written.
     """
-    from agent.actions import do_audit
-
     cordoned = {i.worker_name or i.external_id: i for i in instances if i.cordoned and i.killed_at is None}
     if not cordoned:
         return []

@@ -9,7 +9,7 @@ verdict falls back to the provider's status and Curio's heartbeat; the connectio
 classified (``fleet.ssh.KINDS``), never a traceback.
 
 Every collected text is redacted (``fleet.secrets.redact``) and scanned for instruction-like text
-(``agent.untrusted.scan_for_injection``) before it is stored or shown: a hit raises a
+(``fleet.untrusted.scan_for_injection``) before it is stored or shown: a hit raises a
 ``prompt_injection`` alert and is recorded under ``evidence["injection"]``; it changes nothing in
 the verdict (the rules never read the logs for faults).
 
@@ -32,6 +32,7 @@ from fleet.clock import clock
 from fleet.models import Diagnosis, Instance
 from fleet.secrets import redact, redact_obj
 from fleet.ssh import Unreachable
+from fleet.untrusted import scan_for_injection
 
 #: the ``--query-gpu`` fields read (``nvidia-smi --help-query-gpu``; driver 580 reports the throttle reasons
 #: under the header ``clocks_event_reasons.active`` but still accepts this name)
@@ -142,8 +143,6 @@ def commands_for(instance=None) -> list[str]:
 
 
 def _scan(text: str) -> list[str]:
-    from agent.untrusted import scan_for_injection  # the one scanner (docs/safety.md, Untrusted text)
-
     return scan_for_injection(text)
 
 

@@ -14,7 +14,7 @@ from fleet.harmony import (  # noqa: F401  (registered with the app)
 
 # Provider statuses (vast.ai's ``actual_status`` vocabulary, from vast.ai's instance docs) plus our own.
 PENDING_STATUSES = {"created", "loading", "scheduling", "rebooting", ""}
-# what makes an instance terminal is agent.lifecycle.is_terminal (statuses alone do not)
+# what makes an instance terminal is fleet.lifecycle.is_terminal (statuses alone do not)
 BILLABLE_STATUSES = {"running", "frozen", "loading", "created", "scheduling", "rebooting", "stopped"}
 
 
@@ -74,10 +74,6 @@ class Instance(models.Model):
         return self.external_id
 
     @property
-    def is_killed(self) -> bool:
-        return self.killed_at is not None
-
-    @property
     def is_owned_host(self) -> bool:
         """An operator-owned SSH host: never destroyed by the agent or the monitor."""
         return self.provider == "ssh"
@@ -129,7 +125,6 @@ class DemandSample(models.Model):
     backlog = models.IntegerField(null=True)
     proofs_hr = models.FloatField(null=True)
     proof_s = models.FloatField(null=True)
-    active = models.BooleanField(null=True)
     idle_since = models.DateTimeField(null=True)
     detail = models.JSONField(default=dict, blank=True)
 
@@ -292,3 +287,23 @@ class CurioNodeSeen(models.Model):
     startups = models.JSONField(default=list)
     name_changed_at = models.DateTimeField(null=True)
     first_seen = models.DateTimeField()
+
+
+class AuditLog(models.Model):
+    """Who or what did what, when, why: before and after. Written by every ``do_*`` action.
+
+    ``actor``: ``user:<name>``, ``agent``, ``monitor`` or ``system``.
+    """
+
+    at = models.DateTimeField(db_index=True)
+    actor = models.CharField(max_length=150)
+    verb = models.CharField(max_length=60)
+    target = models.CharField(max_length=200, blank=True)
+    reason = models.TextField(blank=True)
+    before = models.JSONField(null=True, blank=True)
+    after = models.JSONField(null=True, blank=True)
+
+    class Meta:
+        # the table it has always had: the model moved down from ``agent`` (state-only migrations)
+        db_table = "agent_auditlog"
+        ordering = ["-at", "-id"]

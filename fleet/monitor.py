@@ -6,7 +6,7 @@ policy table (``TOOL:monitor`` keys, its own default ``auto``), observe-only swi
 forced approvals and idempotency as any call:
 
 - a terminal instance is destroyed — terminal as the guards define it, in one place
-  (``agent.lifecycle.is_terminal``: a live worker is never terminal; ``exited`` only when we
+  (``fleet.lifecycle.is_terminal``: a live worker is never terminal; ``exited`` only when we
   wanted it running; ``unknown``/``offline`` only after ``offline_grace_min``; stuck
   provisioning past ``provisioning_limit_min`` with a ``stuck_provisioning`` alert; a failed/host
   diagnosis on evidence from the machine);
@@ -22,12 +22,14 @@ Instances missing from the provider's list are marked killed by ``fleet.sync`` (
 younger than ``WARDEN_VANISH_GRACE_MIN``, which may not be listed yet).
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
 
 from fleet.clock import clock
+from fleet.lifecycle import is_terminal
 from fleet.models import PENDING_STATUSES
 
 
@@ -40,14 +42,15 @@ class MonitorAction:
     alert: tuple[str, str] | None = None  # (kind, message)
 
 
-def decide(world) -> list[MonitorAction]:
-    """The monitor's actions for the cycle's ``world`` (``agent.observe.World``), in a stable order."""
-    from agent.lifecycle import is_terminal
+def decide(world, ours: Callable[[set[str]], set[str]] = lambda labels: set()) -> list[MonitorAction]:
+    """The monitor's actions for the cycle's ``world`` (``agent.observe.World``), in a stable order.
 
+    ``ours(labels)``: those of ``labels`` that our own launches carry (the agent's claims know them:
+    ``agent.claims.our_launch_labels``); an adopted instance with such a label is not an orphan."""
     now = clock.now()
     confirm = timedelta(minutes=world.limits.destroy_confirm_min)
     actions = []
-    orphans = _orphans(world)
+    orphans = _orphans(world, ours)
     for inst in sorted(world.instances, key=lambda i: i.external_id):
         if inst.killed_at is not None or inst.is_owned_host:
             continue
@@ -77,19 +80,16 @@ def decide(world) -> list[MonitorAction]:
     return actions
 
 
-def _orphans(world) -> set[int]:
-    """Primary keys of the adopted instances to destroy (``WARDEN_ORPHANS=destroy``); one query."""
+def _orphans(world, ours: Callable[[set[str]], set[str]]) -> set[int]:
+    """Primary keys of the adopted instances to destroy (``WARDEN_ORPHANS=destroy``); one call of ``ours``."""
     if settings.WARDEN.get("ORPHANS", "adopt") != "destroy":
         return set()
     adopted = {i.pk: i.label for i in world.instances
                if i.adopted_at is not None and i.killed_at is None and not i.is_owned_host}
     if not adopted:
         return set()
-    from agent.models import SideEffect  # our own launches, by the label they carry (agent.claims)
-
     # a provider may prefix the launch label (vast: WARDEN_VAST_LABEL_PREFIX before agent.claims.launch_label)
     prefix = (getattr(settings, "VAST", None) or {}).get("LABEL_PREFIX") or ""
     bare = {pk: (lb[len(prefix):] if prefix and lb.startswith(prefix) else lb) for pk, lb in adopted.items()}
-    ours = set(SideEffect.objects.filter(label__in=[lb for lb in {*adopted.values(), *bare.values()} if lb])
-               .values_list("label", flat=True))
-    return {pk for pk, label in adopted.items() if label not in ours and bare[pk] not in ours}
+    known = ours({lb for lb in {*adopted.values(), *bare.values()} if lb})
+    return {pk for pk, label in adopted.items() if label not in known and bare[pk] not in known}

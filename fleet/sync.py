@@ -9,11 +9,13 @@ from datetime import timedelta
 from django.conf import settings
 from django.db import transaction
 
+from fleet.audit import do_audit
 from fleet.clock import clock
 from fleet.events import emit, trigger
 from fleet.models import Instance, StatusChange
 from fleet.providers import get_provider
 from fleet.secrets import redact
+from fleet.untrusted import raise_instance_injection, scan_instance
 
 #: statuses that mean the machine failed the instance (its machine is left out of later offers);
 #: ``exited`` counts only when we wanted it running
@@ -78,8 +80,6 @@ def sync_instances(provider=None) -> list[Instance]:
     (nothing is changed then).
     """
     provider = provider or get_provider()
-    from agent.untrusted import raise_instance_injection, scan_instance
-
     listed = provider.list_instances()  # raises ProviderError: never read as "no instances"
     for p in listed:  # provider text is data: instruction-like text raises prompt_injection here
         hits = scan_instance(p)
@@ -226,8 +226,6 @@ def _confirm_missing(provider, names, listed: set[str], born_before) -> dict[str
 
 def _audit_adopted(rows: list[Instance]) -> None:
     """One ``adopt_instance`` audit row per instance the reconcile adopted (actor ``monitor``)."""
-    from agent.actions import do_audit  # the audit log lives with the agent; written here as sync adopts
-
     policy = settings.WARDEN.get("ORPHANS", "adopt")
     then = "the monitor destroys it (WARDEN_ORPHANS=destroy)" if policy == "destroy" else "kept (WARDEN_ORPHANS=adopt)"
     for row in rows:

@@ -8,10 +8,11 @@ import pytest
 from django.contrib.auth.models import User
 from django.urls import URLPattern
 
-from agent.models import Approval, AuditLog, MemoryFact, SessionState
+from agent.models import Approval, MemoryFact, SessionState
 from console import urls
 from fleet.alerts import raise_alert
 from fleet.clock import clock
+from fleet.models import AuditLog
 from tests.console_support import IDLE, park_stops
 from tests.scenario_world import entry, scenario_world
 

@@ -7,7 +7,7 @@ Real parts: PostgreSQL and the Django test client.
 import pytest
 from django.utils import timezone
 
-from agent.models import AuditLog
+from fleet.models import AuditLog
 
 pytestmark = pytest.mark.django_db
 

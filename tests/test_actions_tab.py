@@ -4,7 +4,8 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from agent.actions import do_audit, do_set_observe_only, do_set_target
+from agent.actions import do_set_observe_only, do_set_target
+from fleet.audit import do_audit
 from tests.console_support import HX
 
 pytestmark = pytest.mark.django_db

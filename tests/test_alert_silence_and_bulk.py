@@ -7,10 +7,10 @@ from datetime import timedelta
 import pytest
 
 from agent.actions import do_ack_alert
-from agent.models import AuditLog, Notification
+from agent.models import Notification
 from fleet.alerts import raise_alert
 from fleet.clock import clock
-from fleet.models import Alert
+from fleet.models import Alert, AuditLog
 from tests.console_support import HX
 
 pytestmark = pytest.mark.django_db

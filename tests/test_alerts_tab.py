@@ -7,10 +7,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from agent.actions import do_ack_alert
-from agent.models import AuditLog
 from fleet.alerts import raise_alert, resolve
 from fleet.clock import clock
-from fleet.models import Alert, Instance
+from fleet.models import Alert, AuditLog, Instance
 from tests.console_support import HX
 
 pytestmark = pytest.mark.django_db

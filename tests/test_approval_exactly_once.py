@@ -16,7 +16,8 @@ from django.contrib.auth.models import Group, User
 from django.test import Client
 
 from agent.loop import resume_run
-from agent.models import Approval, AuditLog, Run, SideEffect
+from agent.models import Approval, Run, SideEffect
+from fleet.models import AuditLog
 from tests.console_support import IDLE, park_stops, purge_broker, resume_messages
 from tests.scenario_world import entry, scenario_world
 

@@ -9,8 +9,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from agent.loop import expire_approvals, resume_run
-from agent.models import Approval, AuditLog, Run
+from agent.models import Approval, Run
 from fleet.clock import clock
+from fleet.models import AuditLog
 from tests.console_support import HX, IDLE, park_stops, purge_broker, resume_messages
 from tests.scenario_world import entry, scenario_world
 

@@ -15,8 +15,9 @@ import pytest
 from django.db import IntegrityError, connection, connections, transaction
 from django.test import Client
 
-from agent.models import AuditLog, SideEffect
+from agent.models import SideEffect
 from fleet.clock import clock
+from fleet.models import AuditLog
 from tests.console_support import IDLE
 from tests.scenario_world import entry, scenario_world
 

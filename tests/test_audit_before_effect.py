@@ -17,9 +17,9 @@ import psycopg
 import pytest
 from django.db import connection, connections
 
-from agent.models import AuditLog, Run, SideEffect
+from agent.models import Run, SideEffect
 from fleet.harmony import HarmonyMachine, HarmonyMachineDetails, HarmonyTask
-from fleet.models import Instance
+from fleet.models import AuditLog, Instance
 from tests.console_support import BUSY, HX, broker_messages
 from tests.scenario_world import entry, scenario_world
 

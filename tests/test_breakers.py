@@ -52,8 +52,7 @@ class Trace:
 
 
 def limits(**over):
-    lim = effective_limits()
-    return type(lim)({**lim.values, **over})
+    return effective_limits().model_copy(update=over)
 
 
 # --- max_steps ----------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
-from agent.models import AuditLog
+from fleet.models import AuditLog
 from tests.browser_support import CHROMIUM, CHROMIUM_ARGS, FleetBrowserTestCase
 from tests.subprocs import ROOT
 

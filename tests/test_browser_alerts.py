@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.models import AuditLog
 from fleet.alerts import raise_alert
-from fleet.models import Alert
+from fleet.models import Alert, AuditLog
 from tests.browser_support import CHROMIUM, CHROMIUM_ARGS, FleetBrowserTestCase
 
 

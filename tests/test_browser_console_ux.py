@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
-from agent.models import Approval, AuditLog, Run, SessionState, Step
-from fleet.models import DemandSample, Instance
+from agent.models import Approval, Run, SessionState, Step
+from fleet.models import AuditLog, DemandSample, Instance
 from tests.browser_support import CHROMIUM, CHROMIUM_ARGS, FleetBrowserTestCase
 
 WIDTHS = {"desktop": 1280, "phone": 390}

@@ -24,8 +24,8 @@ import psutil
 import pytest
 from django.utils import timezone
 
-from agent.models import Approval, AuditLog, Run, SideEffect, Step
-from fleet.models import Diagnosis, Instance
+from agent.models import Approval, Run, SideEffect, Step
+from fleet.models import AuditLog, Diagnosis, Instance
 from tests.browser_support import CHROMIUM, CHROMIUM_ARGS, FleetBrowserTestCase
 from tests.console_support import broker_idle
 from tests.fleet_support import machine_of, wait_for

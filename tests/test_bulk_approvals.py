@@ -3,7 +3,8 @@ requests once took four clicks, and nothing counted what waits)."""
 
 import pytest
 
-from agent.models import Approval, AuditLog
+from agent.models import Approval
+from fleet.models import AuditLog
 from tests.console_support import HX, IDLE, park_stops, resume_messages
 from tests.scenario_world import entry, scenario_world
 

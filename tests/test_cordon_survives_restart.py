@@ -9,11 +9,12 @@ import signal
 import pytest
 
 from agent.actions import do_cordon, do_instance_action, do_launch_instance
-from agent.models import AuditLog, SessionState
+from agent.models import SessionState
 from agent.observe import observe
 from agent.policy import effective_limits, effective_policy
 from fleet import demo
 from fleet.harmony import HarmonyMachine, HarmonyTask, HarmonyTaskHistory
+from fleet.models import AuditLog
 from tests import fleet_support
 from tests.fleet_support import FLEET_DB, machine_of, wait_for, witness_proves
 

@@ -121,10 +121,10 @@ def test_a_healthy_cluster_with_no_node_names_has_live_workers_and_no_emergency(
     """Issue: with CURIO_NODE_NAME set on no node every node proves, yet workers_live read 0 and the
     "no live worker" rules (a P0 launch, starvation) fired. Unnamed live nodes are live workers and
     capacity; they match no instance and no action targets them."""
-    from agent.lifecycle import starving
     from agent.observe import read_and_record_demand
     from agent.planners.rules import RulesPlanner
     from agent.policy import effective_limits, effective_policy
+    from fleet.lifecycle import starving
     from fleet.models import Alert, Instance
 
     a = curio.machine("", age_s=20, host="10.0.0.1:12300")

@@ -76,7 +76,7 @@ def test_it_counts_unowned_and_dead_owned_tasks_as_queued_and_live_owned_as_runn
 
     r = HarmonyDemandSource().read([])
 
-    assert (r.state, r.queued, r.running, r.active) == ("ok", 2, 2, True)
+    assert (r.state, r.queued, r.running) == ("ok", 2, 2)
     assert 89 <= r.oldest_queued_s < 100
     assert r.workers["w-live"].owned_tasks == 2 and r.workers["w-live"].live
     assert r.workers["w-dead"].owned_tasks == 1 and not r.workers["w-dead"].live
@@ -85,7 +85,7 @@ def test_it_counts_unowned_and_dead_owned_tasks_as_queued_and_live_owned_as_runn
 def test_an_empty_queue_reads_zero_not_unknown(knobs):
     r = HarmonyDemandSource().read([])
 
-    assert (r.state, r.queued, r.running, r.active, r.oldest_queued_s) == ("ok", 0, 0, False, None)
+    assert (r.state, r.queued, r.running, r.oldest_queued_s) == ("ok", 0, 0, None)
 
 
 def test_it_expects_only_running_instances_past_the_startup_grace(knobs):

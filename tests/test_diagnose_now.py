@@ -6,8 +6,7 @@ import re
 
 import pytest
 
-from agent.models import AuditLog
-from fleet.models import Diagnosis, Instance
+from fleet.models import AuditLog, Diagnosis, Instance
 from tests.console_support import IDLE
 from tests.scenario_world import entry, scenario_world
 

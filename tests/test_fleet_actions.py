@@ -9,10 +9,9 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from agent.models import AuditLog
 from fleet.clock import clock
 from fleet.harmony import HarmonyMachine, HarmonyMachineDetails
-from fleet.models import Diagnosis, Instance
+from fleet.models import AuditLog, Diagnosis, Instance
 from tests.console_support import BUSY, HX, IDLE
 from tests.scenario_world import entry, scenario_world
 

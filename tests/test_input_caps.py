@@ -7,9 +7,10 @@ import logging
 
 import pytest
 
-from agent.models import Approval, AuditLog, Run, SessionState
+from agent.models import Approval, Run, SessionState
 from console.forms import CAPS
 from fleet.alerts import raise_alert
+from fleet.models import AuditLog
 from fleet.secrets import LOG_CAP, RedactingFilter
 from tests.console_support import IDLE, park_stops
 from tests.scenario_world import entry, scenario_world

@@ -5,9 +5,8 @@ import re
 
 import pytest
 
-from agent.models import AuditLog
 from fleet.clock import clock
-from fleet.models import Diagnosis, Instance
+from fleet.models import AuditLog, Diagnosis, Instance
 from tests.scenario_world import entry, scenario_world
 
 pytestmark = pytest.mark.django_db

@@ -6,8 +6,8 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from agent.actions import do_audit
 from fleet.alerts import raise_alert
+from fleet.audit import do_audit
 from fleet.clock import clock
 from fleet.models import Diagnosis, Instance
 from tests.console_support import HX

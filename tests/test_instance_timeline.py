@@ -8,8 +8,9 @@ import pytest
 from django.db import connections
 from django.test.utils import CaptureQueriesContext
 
-from agent.actions import do_ack_alert, do_audit
+from agent.actions import do_ack_alert
 from fleet.alerts import raise_alert
+from fleet.audit import do_audit
 from fleet.clock import clock
 from fleet.harmony import HarmonyMachine, HarmonyMachineDetails, HarmonyTaskHistory
 from fleet.models import Instance

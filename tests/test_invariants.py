@@ -280,7 +280,7 @@ def test_real_cycle_approval_policy_recorded_at_dispatch(alice):
     assert step.outcome == "approved_executed" and step.facts["at_call"]["policy"] == "approval"
     assert check_all() == []
     # the same record with the operator's decision taken away is a bypass
-    from agent.models import AuditLog
+    from fleet.models import AuditLog
 
     AuditLog.objects.filter(verb="approve_call").delete()
     assert _names(check_all()) == ["approval_bypassed"]

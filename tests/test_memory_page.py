@@ -4,7 +4,8 @@ operators edit and delete facts, each an audited action; viewers see the same pa
 import pytest
 
 from agent import memory
-from agent.models import AuditLog, MemoryFact
+from agent.models import MemoryFact
+from fleet.models import AuditLog
 
 pytestmark = pytest.mark.django_db
 

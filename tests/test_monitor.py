@@ -14,11 +14,11 @@ The "rented" provider stands in for an external cloud (fleet.providers.base.Prov
 import pytest
 
 from agent.loop import run_cycle
-from agent.models import Approval, AuditLog, Run, SideEffect, Step
+from agent.models import Approval, Run, SideEffect, Step
 from agent.monitor_runner import monitor_tick
 from agent.planners.script import ScriptPlanner
 from fleet.clock import clock
-from fleet.models import Alert, Instance
+from fleet.models import Alert, AuditLog, Instance
 from fleet.providers import set_override
 from fleet.providers.base import ProviderError
 from tests import rented_cloud

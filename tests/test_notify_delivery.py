@@ -10,8 +10,9 @@ import json
 import pytest
 
 from agent.actions import do_save_notification_settings
-from agent.models import AuditLog, Notification
+from agent.models import Notification
 from agent.notifications import deliver
+from fleet.models import AuditLog
 from tests.console_support import IDLE, broker_messages, park_stops
 from tests.notify_support import WebhookReceiver, smtp_server
 from tests.scenario_world import entry, scenario_world

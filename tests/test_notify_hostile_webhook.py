@@ -113,7 +113,8 @@ def test_a_url_dressed_as_a_reference_is_refused_not_stored_and_not_echoed(clien
     resp = client.post("/notifications/", {"email": "", "webhook_ref": pasted, "kind": ["alert"]})
     html = resp.content.decode()
     assert resp.status_code == 400 and "xoxbsecrettoken12345" not in html and "hooks.slack.com" not in html
-    from agent.models import AuditLog, NotificationSettings
+    from agent.models import NotificationSettings
+    from fleet.models import AuditLog
 
     assert not NotificationSettings.objects.filter(webhook_ref__contains="xoxb").exists()
     assert not AuditLog.objects.filter(verb="notification_settings").exists()

@@ -11,12 +11,12 @@ from django.contrib.auth.models import User
 
 from agent.actions import do_save_notification_settings, do_silence_alert
 from agent.loop import expire_approvals, run_cycle
-from agent.models import Approval, AuditLog, Notification
+from agent.models import Approval, Notification
 from agent.notifications import scan
 from agent.planners.script import ScriptPlanner
 from fleet.alerts import raise_alert, resolve
 from fleet.clock import clock
-from fleet.models import Alert
+from fleet.models import Alert, AuditLog
 from tests.console_support import IDLE, park_stops
 from tests.scenario_world import entry, scenario_world
 

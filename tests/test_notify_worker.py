@@ -5,8 +5,9 @@ import pytest
 from django.db import transaction
 
 from agent.actions import do_save_notification_settings
-from agent.models import AuditLog, Notification
+from agent.models import Notification
 from fleet.alerts import raise_alert
+from fleet.models import AuditLog
 from tests import fleet_support
 from tests.fleet_support import FLEET_DB, wait_for
 from tests.notify_support import WebhookReceiver, smtp_server

@@ -2,7 +2,7 @@
 
 import json
 
-from agent.models import AuditLog
+from fleet.models import AuditLog
 from tests.console_support import cycle_messages
 
 HX = {"HX-Request": "true"}

@@ -15,9 +15,10 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from agent.actions import OverrideError, validate_overrides
-from agent.models import AuditLog, SessionState
+from agent.models import SessionState
 from agent.replay import ScenarioFileError, load_scenario
 from fleet.harmony import HarmonyTask
+from fleet.models import AuditLog
 from fleet.numbers import NumberError, parse_number, parse_number_list
 from tests.console_support import HX
 

@@ -10,9 +10,9 @@ provider text raises nothing.
 import pytest
 
 from agent.models import Approval
-from agent.untrusted import normalise
 from fleet.models import Alert
 from fleet.sync import sync_instances
+from fleet.untrusted import normalise
 from tests.rails_support import calls, fleet_entry, rails_world, verdict
 
 pytestmark = pytest.mark.django_db

@@ -16,8 +16,9 @@ import psutil
 
 from agent.claims import worker_identity
 from agent.loop import acquire_lock, release_lock, run_cycle
-from agent.models import AuditLog, Run, SessionState
+from agent.models import Run, SessionState
 from fleet.clock import clock
+from fleet.models import AuditLog
 from tests import fleet_support
 from tests.fleet_support import FLEET_DB, wait_for
 from tests.test_approval_restart import Worker, worker_env  # noqa: F401

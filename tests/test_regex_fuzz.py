@@ -22,10 +22,10 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from agent import chat_answer, report, untrusted
+from agent import chat_answer, report
 from agent.planners.base import parse_verdict, verdict_blocks, without_verdicts
 from agent.rehearse import history
-from fleet import diagnostics, secrets
+from fleet import diagnostics, secrets, untrusted
 from fleet.providers import local, vastai
 from fleet.secrets import MARK, redact
 from tests.secret_corpus import NOT_SECRETS, SECRETS
@@ -111,7 +111,7 @@ DYNAMIC = [
 #: non-digits, then digits; agent/chat_answer.py: a run number after "run", at most 3 spaces;
 #: console/templatetags/sentences.py: an instance or run path, bounded classes after fixed words;
 #: agent/rehearse/history.py: a span such as 24h and a Curio task name, bounded digits and classes)
-CALL_SITES = {"agent/breakers.py": 1, "agent/report.py": 3, "agent/untrusted.py": 20, "fleet/diagnostics.py": 8,
+CALL_SITES = {"agent/breakers.py": 1, "agent/report.py": 3, "fleet/untrusted.py": 20, "fleet/diagnostics.py": 8,
               "fleet/providers/local.py": 1, "fleet/providers/vastai.py": 5, "fleet/secrets.py": 10, "agent/replay/file_format.py": 4,
               "console/settings.py": 2, "fleet/numbers.py": 2, "agent/management/commands/replay.py": 1,
               "agent/chat_answer.py": 2, "agent/memory.py": 3, "agent/model_client.py": 1,

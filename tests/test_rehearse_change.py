@@ -8,7 +8,8 @@ Real parts: PostgreSQL, the Django test client, the Redis broker queue the task 
 import pytest
 from django.utils import timezone
 
-from agent.models import AuditLog, Rehearsal, SessionState
+from agent.models import Rehearsal, SessionState
+from fleet.models import AuditLog
 from tests.console_support import HX, broker_messages
 from tests.perf_support import seed_day
 from tests.test_settings_page import _form

@@ -17,9 +17,10 @@ import pytest
 from django.utils import timezone
 
 from agent.actions import do_set_target, do_update_overrides
-from agent.models import Approval, AuditLog, Run, SessionState, Step
+from agent.models import Approval, Run, SessionState, Step
 from agent.rehearse.day import parse_day
 from agent.rehearse.history import HistoryError, apply_change, day_from_history, parse_span
+from fleet.models import AuditLog
 from fleet.proof_cost import record_proof_credits
 from tests.perf_support import _instance, seed_day
 

@@ -12,7 +12,8 @@ from django.db import connection, connections
 from agent import memory
 from agent.actions import do_post_message, do_queue_cycle, do_reset_session
 from agent.context import build_context
-from agent.models import AuditLog, MemoryFact, Run, SessionState, ShortTermMessage
+from agent.models import MemoryFact, Run, SessionState, ShortTermMessage
+from fleet.models import AuditLog
 from tests.rails_support import rails_world, verdict
 
 
@@ -47,7 +48,7 @@ def test_reset_clears_the_conversation_and_keeps_the_anchor_and_memory(client, a
     with rails_world() as w:
         state = SessionState.get()
         state.target_proofs_hr = 120
-        state.objectives = {"max_hourly_spend": 9.5}
+        state.objectives = {"max_dph": 9.5}
         state.fleet_snapshot = {"instances": ["v-1"], "at": "2026-06-09T16:50:00Z"}
         state.save()
         memory.remember("rule_learned", "keep v-1", "operators keep v-1 warm", importance=0.9)
@@ -72,7 +73,7 @@ def test_reset_clears_the_conversation_and_keeps_the_anchor_and_memory(client, a
         # ... the anchor keeps counting and keeps the objectives and snapshot
         state = SessionState.get()
         assert (state.epoch, state.target_proofs_hr) == (2, 120)
-        assert state.objectives == {"max_hourly_spend": 9.5}
+        assert state.objectives == {"max_dph": 9.5}
         assert state.fleet_snapshot == {"instances": ["v-1"], "at": "2026-06-09T16:50:00Z"}
         third = w.cycle([verdict()], trigger="chat", message="hello again")
     assert third.number == second.number + 1 > first.number

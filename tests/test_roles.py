@@ -3,8 +3,9 @@
 
 import pytest
 
-from agent.models import Approval, AuditLog, SessionState
+from agent.models import Approval, SessionState
 from fleet.alerts import raise_alert
+from fleet.models import AuditLog
 from tests.console_support import IDLE, park_stops
 from tests.scenario_world import entry, scenario_world
 

@@ -11,10 +11,10 @@ import logging
 
 import pytest
 
-from agent.actions import do_audit
 from agent.context import build_context
-from agent.models import Approval, AuditLog, MemoryFact, Run, ShortTermMessage, SideEffect, Step
-from fleet.models import Alert, Diagnosis, Instance
+from agent.models import Approval, MemoryFact, Run, ShortTermMessage, SideEffect, Step
+from fleet.audit import do_audit
+from fleet.models import Alert, AuditLog, Diagnosis, Instance
 from fleet.secrets import MARK, RedactingFilter
 from tests.rails_support import extra_tool, rails_world
 from tests.secret_corpus import SECRETS

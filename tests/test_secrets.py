@@ -9,8 +9,9 @@ import logging
 
 import pytest
 
-from agent.actions import do_audit
-from agent.models import AuditLog, Step
+from agent.models import Step
+from fleet.audit import do_audit
+from fleet.models import AuditLog
 from fleet.secrets import MARK, RedactingFilter, redact
 from tests.rails_support import calls, extra_tool, rails_world, verdict
 from tests.secret_corpus import NOT_SECRETS, SECRETS

@@ -2,7 +2,8 @@
 
 import json
 
-from agent.models import AuditLog, SessionState
+from agent.models import SessionState
+from fleet.models import AuditLog
 from tests.console_support import capture_topics
 
 HX = {"HX-Request": "true"}

@@ -61,6 +61,9 @@ def test_every_warden_variable_is_read_in_console_settings_only():
         ("WARDEN_LOOKS_DEAD_S", "abc"),
         ("WARDEN_LOOKS_DEAD_S", "0"),
         ("WARDEN_DIAGNOSE_FANOUT", "maybe"),
+        # beyond the limits schema's range (agent/limits.py), which the settings page also keeps
+        ("WARDEN_MAX_INSTANCES", "20000"),
+        ("WARDEN_DWELL_MIN", "5000"),
     ],
 )
 def test_malformed_setting_is_one_line_naming_it(setting, value, tmp_path):
@@ -150,3 +153,24 @@ def test_redis_down_pages_still_served_healthz_names_redis(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_unattended_is_refused_with_a_provider_that_costs_money(tmp_path):
+    """WARDEN_UNATTENDED (every tool auto) is the demo's switch: with ssh or vastai it stops the
+    start with one line, and the policy never applies it there (agent.policy.unattended)."""
+    result = manage("check", env={"WARDEN_UNATTENDED": "true", "WARDEN_PROVIDER": "vastai",
+                                  "WARDEN_VAR_DIR": str(tmp_path)})
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "WARDEN_UNATTENDED" in lines[0] and "WARDEN_PROVIDER=local" in lines[0], result.stderr
+    assert manage("check", env={"WARDEN_UNATTENDED": "true", "WARDEN_VAR_DIR": str(tmp_path)}).returncode == 0
+
+
+@pytest.mark.django_db
+def test_unattended_turns_the_table_auto_only_with_the_local_provider(settings):
+    from agent.policy import effective_policy
+
+    settings.WARDEN = {**settings.WARDEN, "UNATTENDED": True, "PROVIDER": "local"}
+    assert effective_policy()["destroy_instance"] == "auto"
+    settings.WARDEN = {**settings.WARDEN, "PROVIDER": "ssh"}
+    assert effective_policy()["destroy_instance"] == "approval"

@@ -5,8 +5,10 @@ audited override (who, why); bad input names the field and saves nothing."""
 import pytest
 
 from agent.actions import OverrideError, do_update_overrides
-from agent.models import AuditLog, SessionState
-from agent.policy import DEFAULT_LIMITS, effective_limits, effective_policy
+from agent.limits import DEFAULT_LIMITS
+from agent.models import SessionState
+from agent.policy import effective_limits, effective_policy
+from fleet.models import AuditLog
 from tests.console_support import HX
 
 pytestmark = pytest.mark.django_db

@@ -103,7 +103,7 @@ def test_another_host_key_on_the_same_address_is_refused_with_an_alert_and_said_
 def test_forgethostkey_forgets_the_kept_key_audited_and_the_next_contact_keeps_the_new_one(first, tmp_path):
     from django.core.management import CommandError, call_command
 
-    from agent.models import AuditLog
+    from fleet.models import AuditLog
 
     try:
         inst = _instance(first)

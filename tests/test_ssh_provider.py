@@ -290,7 +290,7 @@ def test_a_cycle_reads_http_demand_and_starts_a_worker_on_an_owned_host(hosts, s
     ep = Endpoint()
     ep.answer({"queued": 5, "running": 0, "workers": []})
     settings.WARDEN = {**settings.WARDEN, "PROVIDER": "ssh", "DEMAND_SOURCE": "http", "DEMAND_URL": ep.url,
-                       "DEMAND_TIMEOUT_S": 2.0, "DEMAND_TOKEN_ENV": "", "DEMAND_TOKEN_FILE": "", "UNATTENDED": True,
+                       "DEMAND_TIMEOUT_S": 2.0, "DEMAND_TOKEN_ENV": "", "DEMAND_TOKEN_FILE": "",
                        "MAX_INSTANCES": 4, "PROOF_SECONDS": 20.0}
     try:
         run = run_cycle("test")

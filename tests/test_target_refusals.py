@@ -5,7 +5,8 @@ message naming the problem; the stored target and the audit log are untouched.""
 import pytest
 
 from agent.actions import do_set_target
-from agent.models import AuditLog, SessionState
+from agent.models import SessionState
+from fleet.models import AuditLog
 from tests.console_support import HX
 
 

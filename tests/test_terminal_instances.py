@@ -1,6 +1,6 @@
 """What "terminal" means (docs/contract.md "terminal instances"), through real cycles.
 
-One definition (``agent.lifecycle.is_terminal``) serves the monitor, the guards and the rules
+One definition (``fleet.lifecycle.is_terminal``) serves the monitor, the guards and the rules
 planner: a live worker is never terminal; ``error`` is; ``exited`` only when we wanted it running
 (one we stopped is resumed); ``unknown``/``offline`` only after ``offline_grace_min`` with the worker
 dead; stuck provisioning past ``provisioning_limit_min``; a failed/host diagnosis only on evidence
@@ -125,10 +125,11 @@ def test_a_gpu_lost_on_the_machine_is_terminal_and_replaced():
 
 
 def test_the_monitor_and_the_guards_share_one_definition():
-    from agent import guards, lifecycle
-    from agent.planners import rules
-
-    assert guards.is_terminal is lifecycle.is_terminal is rules.is_terminal
     import fleet.monitor
+    from agent import guards
+    from agent.planners import rules
+    from fleet import lifecycle
+
+    assert guards.is_terminal is lifecycle.is_terminal is rules.is_terminal is fleet.monitor.is_terminal
 
     assert "TERMINAL_STATUSES" not in vars(fleet.monitor)  # no second list of statuses

@@ -6,8 +6,8 @@ import pytest
 from agent.context import build_context, check_pairs
 from agent.models import SessionState
 from agent.policy import effective_limits, effective_policy
-from agent.untrusted import SCAN_MAX, as_data, normalise, scan_for_injection
 from fleet.models import Alert
+from fleet.untrusted import SCAN_MAX, as_data, normalise, scan_for_injection
 from tests.rails_support import calls, fleet_entry, rails_world, verdict
 
 pytestmark = pytest.mark.django_db

@@ -10,8 +10,8 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.test import Client
 
-from agent.models import AuditLog
 from console.users import role_of
+from fleet.models import AuditLog
 
 pytestmark = pytest.mark.django_db
 

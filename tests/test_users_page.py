@@ -6,8 +6,8 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
-from agent.models import AuditLog
 from console.users import role_of
+from fleet.models import AuditLog
 
 pytestmark = pytest.mark.django_db
 

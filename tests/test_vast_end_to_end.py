@@ -11,11 +11,11 @@ from django.utils import timezone
 
 from agent.approvals import do_decide
 from agent.loop import resume_run, run_cycle
-from agent.models import Approval, AuditLog
+from agent.models import Approval
 from agent.monitor_runner import monitor_tick
 from agent.planners.script import ScriptPlanner
 from fleet.harmony import HarmonyMachine, HarmonyMachineDetails, HarmonyTask
-from fleet.models import Alert, Diagnosis, Instance
+from fleet.models import Alert, AuditLog, Diagnosis, Instance
 from tests import vast_support
 from tests.fleet_support import clear_harmony
 from tests.sshd import HEALTHY_L, SSHServer

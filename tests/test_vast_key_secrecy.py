@@ -10,9 +10,9 @@ from django.urls import reverse
 
 from agent.context import build_context
 from agent.loop import run_cycle
-from agent.models import AuditLog, Step
+from agent.models import Step
 from agent.planners.script import ScriptPlanner
-from fleet.models import Alert
+from fleet.models import Alert, AuditLog
 from tests import vast_support
 from tests.fleet_support import clear_harmony
 from tests.vast_support import KEY, KEY_ENV

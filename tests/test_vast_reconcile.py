@@ -10,10 +10,9 @@ import pytest
 from django.conf import settings
 from django.utils import timezone
 
-from agent.models import AuditLog
 from agent.monitor_runner import monitor_tick
 from fleet.harmony import HarmonyMachine, HarmonyMachineDetails
-from fleet.models import Alert, FailedMachine, Instance
+from fleet.models import Alert, AuditLog, FailedMachine, Instance
 from fleet.providers.vastai import VastProvider
 from fleet.sync import sync_instances
 from tests import vast_support

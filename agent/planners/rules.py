@@ -28,12 +28,13 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from agent.capacity import SIZING_SLACK, draining, per_worker_rate  # noqa: F401 (re-exported)
-from agent.guards import last_launch_at
-from agent.lifecycle import from_machine, is_terminal, recent_rejection
+from agent.guards import idle_refusal
+from agent.lifecycle import recent_rejection
 from agent.pipeline import MAX_BATCH_CALLS
 from agent.planners.base import Planner, Proposal, Turn
-from agent.policy import policy_for
+from agent.policy import is_forbidden
 from fleet.clock import clock
+from fleet.lifecycle import from_machine, is_terminal
 
 
 @dataclass
@@ -89,7 +90,7 @@ def needs_diagnosis(inst, world) -> bool:
     d = world.fresh_diagnosis(inst)
     if d is None:
         return True
-    recheck = timedelta(minutes=getattr(world.limits, "network_recheck_min", 2))
+    recheck = timedelta(minutes=world.limits.network_recheck_min)
     return d.fault_class == "network" and clock.now() - d.taken_at >= recheck
 
 
@@ -113,7 +114,7 @@ def allowed(calls: list[Proposal], world) -> list[Proposal]:
     """``calls`` without those the policy table forbids: the built-in planner never proposes a
     forbidden tool (that would halt the run with ``forbidden_tool`` and abort the launch batched
     with it, starving the queue while the operator only meant "not that")."""
-    return [p for p in calls if policy_for(p.tool, p.args, world.policy) != "forbidden"]
+    return [p for p in calls if not is_forbidden(p.tool, p.args, world.policy)]
 
 
 def not_waiting(calls: list[Proposal]) -> list[Proposal]:
@@ -153,17 +154,10 @@ class RulesPlanner(Planner):
 
     @staticmethod
     def _idle(world) -> bool:
-        """Rule 4's conditions: demand ok, nothing queued, in the backlog or running, no expected
-        worker dead, the queue empty past the dwell and no launch within the hold-off."""
-        d, lim, now = world.demand, world.limits, clock.now()
-        if d.state != "ok" or d.queued != 0 or d.running != 0 or d.workers_dead != 0:
-            return False  # unknown counts (None) are never read as zero
-        if d.backlog or "backlog" in d.unreadable:
-            return False  # work waits in Curio's pipeline (or may): backlog is demand
-        if d.idle_since is None or now - d.idle_since < timedelta(minutes=lim.dwell_min):
-            return False
-        last = last_launch_at(world)
-        return last is None or now - last >= timedelta(minutes=lim.hold_off_min)
+        """Rule 4's conditions, the guards' own (:func:`agent.guards.idle_refusal`): demand ok with
+        every count known, nothing queued, in the backlog or running, no expected worker dead, the
+        queue empty past the dwell and no launch within the hold-off."""
+        return idle_refusal(world) is None
 
     def _long_stopped(self, world) -> list:
         """Instances stopped longer than ``stopped_destroy_h`` while the fleet is idle (:meth:`_idle`),

@@ -249,7 +249,8 @@ def _market(start, end, secrets: list[str], max_instances: int) -> dict:
 
 def _operator(start, end) -> dict:
     """The operator section: approval delays by hour of the day, rejections, target changes."""
-    from agent.models import Approval, AuditLog
+    from agent.models import Approval
+    from fleet.models import AuditLog
 
     delays: dict[int, list[float]] = defaultdict(list)
     expired: set[int] = set()
@@ -282,7 +283,7 @@ def _operator(start, end) -> dict:
 
 
 def _target_at(start, end, now_target: float) -> float:
-    from agent.models import AuditLog
+    from fleet.models import AuditLog
 
     first = (AuditLog.objects.filter(verb="set_target", at__gte=start, at__lt=end).order_by("at", "id")
              .values_list("before", flat=True).first())
@@ -294,13 +295,13 @@ def objectives_and_policy(state=None) -> tuple[dict, dict]:
     """The limits and the policy table in force (``agent.policy``), as a day file's ``objectives`` and
     ``policy`` take them (the replay file's keys, docs/replay.md)."""
     from agent.actions import policy_keys
+    from agent.limits import Limits
     from agent.models import SessionState
-    from agent.policy import DEFAULT_LIMITS, effective_limits, effective_policy
-    from agent.replay.file_format import LIFECYCLE_KEYS, OBJECTIVE_KEYS
+    from agent.policy import effective_limits, effective_policy
 
     state = state or SessionState.get()
-    limits = effective_limits(state).values
-    allowed = OBJECTIVE_KEYS | LIFECYCLE_KEYS | set(DEFAULT_LIMITS)
+    limits = effective_limits(state).model_dump()
+    allowed = set(Limits.model_fields)
     objectives = {}
     for k in sorted(allowed):
         v = limits.get(k)

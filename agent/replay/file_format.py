@@ -46,6 +46,7 @@ from pydantic import (
     model_validator,
 )
 
+from agent.limits import LIMIT_RANGES, MAX_LIFECYCLE_MIN, MAX_TARGET_PROOFS_HR, Limits
 from agent.pipeline import MAX_BATCH_CALLS
 from fleet.numbers import NumberError, parse_number
 
@@ -97,12 +98,8 @@ ProviderStatus = Literal[
 ]
 #: the operations ``expect.provider_requests`` may count (``search`` is our extension)
 OPERATIONS = ("launch", "stop", "resume", "reboot", "destroy", "list", "search")
-#: objective keys beyond the runtime limits of ``agent.policy.DEFAULT_LIMITS``
-OBJECTIVE_KEYS = {"target_proofs_hr", "max_instances", "max_dph", "dwell_min", "hold_off_min", "startup_grace_s"}
-#: lifecycle numbers a file may set (docs/contract.md: Terminal, claims, rejections, Starvation)
 #: limits whose value is a list of numbers
-LIST_LIMITS = {"launch_rate", "repeat_reminders"}
-LIFECYCLE_KEYS = {"offline_grace_min", "provisioning_limit_min", "claim_max_age_min", "rejection_hold_min", "starve_min"}
+LIST_LIMITS = {name for name, (kind, _, _) in LIMIT_RANGES.items() if kind in ("pair", "ints")}
 
 
 def _unknown(what: str, value: str, known, why: str) -> ValueError:
@@ -560,14 +557,14 @@ class ExpectSpec(_Strict):
 def check_objectives(v: dict) -> dict:
     """Objectives as a file (or a timeline moment) sets them; raises ``ValueError`` naming the key.
 
-    Numbers only (no strings, no booleans), finite, in the settings page's ranges
-    (``agent.actions.LIMIT_RANGES``); the lifecycle numbers (``offline_grace_min`` …) at most
-    10^6 minutes.
+    Every key a limit of the one schema (``agent.limits.Limits``); numbers only (no strings, no
+    booleans), finite, in the settings page's ranges (``agent.limits.LIMIT_RANGES``: the lifecycle
+    numbers ``offline_grace_min`` … at most 10^6 minutes); ``target_proofs_hr`` at most
+    ``MAX_TARGET_PROOFS_HR`` (10^6, the operator's cap).
     """
-    from agent.actions import LIMIT_RANGES, OverrideError, validate_overrides
-    from agent.policy import DEFAULT_LIMITS
+    from agent.actions import OverrideError, validate_overrides
 
-    allowed = OBJECTIVE_KEYS | LIFECYCLE_KEYS | set(DEFAULT_LIMITS)
+    allowed = set(Limits.model_fields)
     for key, value in v.items():
         if key not in allowed:
             raise ValueError(f"unknown objective {key!r}; known: {', '.join(sorted(allowed))}")
@@ -586,10 +583,10 @@ def check_objectives(v: dict) -> dict:
             except NumberError as exc:
                 raise ValueError(str(exc)) from None
     target = v.get("target_proofs_hr", 0)
-    if not 0 <= target <= MAX_COUNT:
-        raise ValueError(f"objective 'target_proofs_hr' must be a number between 0 and 10^9 (got {target!r})")
-    for key in LIFECYCLE_KEYS & set(v):
-        if not 0 <= v[key] <= MAX_MINUTES:
+    if not 0 <= target <= MAX_TARGET_PROOFS_HR:
+        raise ValueError(f"objective 'target_proofs_hr' must be a number between 0 and 10^6 (got {target!r})")
+    for key in v:
+        if LIMIT_RANGES.get(key, ("", 0, 0))[2] == MAX_LIFECYCLE_MIN and not 0 <= v[key] <= MAX_LIFECYCLE_MIN:
             raise ValueError(f"objective {key!r} must be between 0 and 10^6 minutes (got {v[key]!r})")
     # the same ranges the settings page enforces
     try:

@@ -24,9 +24,9 @@ def setup_world(sc: Scenario, provider) -> None:
     """
     from django.contrib.auth.models import Group, User
 
-    from agent.models import AuditLog, SessionState, SideEffect
+    from agent.models import SessionState, SideEffect
     from fleet.clock import clock
-    from fleet.models import Diagnosis, Instance
+    from fleet.models import AuditLog, Diagnosis, Instance
 
     now = clock.now()
     state = SessionState.get()

@@ -6,11 +6,11 @@ from django.shortcuts import render
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
-from agent.models import AuditLog
 from console.forms import (
     too_long_error,
 )
 from console.views.common import HtmxHttpRequest, _is_region, _page_context
+from fleet.models import AuditLog
 
 # --- actions tab (the audit log) ---------------------------------------------------------------
 AUDIT_ON_PAGE = 200

@@ -11,12 +11,12 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 from django_htmx.middleware import HtmxDetails
 
-from agent.models import AuditLog
 from console.forms import (
     CAPS,
 )
 from console.templatetags.console_extras import can_act
 from fleet.demand.base import DemandError
+from fleet.models import AuditLog
 
 log = logging.getLogger(__name__)
 

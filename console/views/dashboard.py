@@ -19,7 +19,7 @@ from agent.actions import (
     do_post_message,
     do_set_target,
 )
-from agent.models import AuditLog, Run, SessionState, Step
+from agent.models import Run, SessionState, Step
 from agent.planners.base import without_verdicts
 from console.forms import (
     EnqueueForm,
@@ -39,7 +39,7 @@ from console.views.common import (
 from console.views.fleet import FLEET_ON_DASHBOARD, fleet_context
 from console.views.runs import runs_context
 from fleet.clock import clock
-from fleet.models import BILLABLE_STATUSES, PENDING_STATUSES, DemandSample, Instance
+from fleet.models import BILLABLE_STATUSES, PENDING_STATUSES, AuditLog, DemandSample, Instance
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,6 @@ from agent.actions import (
     do_cordon,
     do_operator_instance_action,
 )
-from agent.models import AuditLog
 from console.forms import (
     InstanceActionForm,
 )
@@ -34,7 +33,7 @@ from console.views.common import (
     operator_required,
 )
 from fleet.demand.base import DemandError
-from fleet.models import Alert, Diagnosis, Instance
+from fleet.models import Alert, AuditLog, Diagnosis, Instance
 from fleet.providers.base import ProviderError
 
 log = logging.getLogger(__name__)

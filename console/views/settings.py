@@ -10,7 +10,6 @@ from django.views.decorators.http import require_http_methods
 from django_htmx.http import trigger_client_event
 
 from agent.actions import (
-    LIMIT_RANGES,
     OverrideError,
     baseline_settings,
     do_reset_session,
@@ -18,8 +17,9 @@ from agent.actions import (
     do_update_overrides,
     policy_keys,
 )
+from agent.limits import LIMIT_RANGES
 from agent.models import SessionState
-from agent.policy import effective_limits, effective_policy
+from agent.policy import effective_limits, effective_policy, unattended
 from console.forms import (
     ObserveOnlyForm,
     ResetForm,
@@ -148,7 +148,7 @@ def sources_context() -> dict:
             "hosts": hosts,
             "error": hosts_error,
             "default_key": _file_ref(w["SSH_KEY_FILE"]) if w.get("SSH_KEY_FILE") else None,
-            "default_user": w.get("SSH_USER") or "root",
+            "default_user": w["SSH_USER"],
         },
         "demand_source": w["DEMAND_SOURCE"],
         "harmony": {"setting": "HARMONY_DATABASE_URL", "set": bool(os.environ.get("HARMONY_DATABASE_URL")),
@@ -232,7 +232,7 @@ def settings_context(state: SessionState, form: SettingsForm) -> dict:
         "rows_policy": rows_policy,
         "rows_limits": rows_limits,
         "state": state,
-        "unattended": bool(settings.WARDEN.get("UNATTENDED")),
+        "unattended": unattended(),
     }
 
 

@@ -5,7 +5,11 @@ invariant 7: a database that cannot be reached means demand unknown, not 0).
 """
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
+
+from django.conf import settings
+
+from fleet.clock import clock
 
 
 @dataclass
@@ -37,8 +41,7 @@ class DemandReading:
     ``proofs_hr``: the current rate, successful proofs per hour over the source's recent window,
     ``rate_window_s`` seconds long (None: the source does not say). ``idle_since``: since when the queue
     has been empty with nothing running, when the source knows (else the observer derives it
-    from earlier samples). ``active``: Curio-style flag (some task
-    running) — kept only to show that it must not be read as "no demand".
+    from earlier samples).
     ``workers`` maps a worker name (our ``Instance.worker_name``) to its :class:`WorkerView`.
 
     ``backlog``: proving work waiting in Curio's pipeline tables with no queue row yet (Curio adds
@@ -87,7 +90,6 @@ class DemandReading:
     proof_s_by_worker: dict[str, float] | None = None
     proof_s_by_gpu: dict[str, float] | None = None
     rate_window_s: float | None = None
-    active: bool | None = None
     oldest_queued_s: float | None = None
     idle_since: datetime | None = None
     error: str = ""
@@ -113,3 +115,75 @@ class DemandReading:
 
 class DemandError(Exception):
     """The demand source could not be read (the caller turns it into ``state="unknown"``)."""
+
+
+def in_startup_grace(inst, now: datetime, grace: timedelta) -> bool:
+    """Whether ``inst`` started less than ``grace`` before ``now`` (``started_at``, else
+    ``status_since``; neither known: still starting). Its worker is excused from heartbeating
+    until then."""
+    since = inst.started_at or inst.status_since
+    return since is None or since > now - grace
+
+
+@dataclass
+class WorkerCounts:
+    """The worker counts of one reading, from :func:`count_workers`.
+
+    ``expected``: our running instances past the startup grace, or heartbeating already;
+    ``live``: expected ones whose worker is live and not cordoned; ``cordoned``: expected, live
+    and ``unschedulable`` (draining, not dead); ``starting``: running instances inside the grace
+    whose worker is not live yet; ``rowless``: names of expected instances the source has no worker
+    for (counted dead unless a source knows better: Curio's unnamed rows, a node identity in doubt).
+    """
+
+    expected: int
+    live: int
+    cordoned: int
+    starting: int
+    rowless: list[str]
+
+    @property
+    def dead(self) -> int:
+        """Expected minus live minus cordoned (a cordoned worker drains, it is not dead)."""
+        return self.expected - self.live - self.cordoned
+
+    def fields(self) -> dict:
+        """The counts as :class:`DemandReading` fields."""
+        return {"workers_expected": self.expected, "workers_live": self.live, "workers_cordoned": self.cordoned,
+                "workers_dead": self.dead, "workers_starting": self.starting}
+
+
+def count_workers(instances, views: dict[str, WorkerView], *, now: datetime | None = None,
+                  grace_s: float | None = None) -> WorkerCounts:
+    """Count our workers: the one rule every demand source uses (``curio``, ``local``, ``http``,
+    ``scenario``).
+
+    ``instances``: our instances (rows or their likes: ``status``, ``killed_at``, ``worker_name``,
+    ``external_id``, ``started_at``, ``status_since``); only non-killed ``running`` ones count.
+    ``views``: worker name (an instance's ``worker_name``, else its ``external_id``) to the source's
+    :class:`WorkerView`; an expected instance without one gets a ``live=False`` view added here.
+    ``grace_s``: the startup grace, seconds (default ``WARDEN["STARTUP_GRACE_S"]``): a running
+    instance inside it whose worker is not live yet is *starting*, neither expected nor dead; a
+    worker that heartbeats is live whatever the grace.
+    """
+    now = now or clock.now()
+    grace = timedelta(seconds=settings.WARDEN["STARTUP_GRACE_S"] if grace_s is None else grace_s)
+    expected = live = cordoned = starting = 0
+    rowless = []
+    for inst in instances:
+        if getattr(inst, "killed_at", None) is not None or inst.status != "running":
+            continue
+        name = inst.worker_name or inst.external_id
+        view = views.get(name)
+        if in_startup_grace(inst, now, grace) and not (view is not None and view.live):
+            starting += 1
+            continue
+        expected += 1
+        if view is None:
+            views[name] = WorkerView(name=name, live=False)
+            rowless.append(name)
+        elif view.live and view.unschedulable:
+            cordoned += 1
+        elif view.live:
+            live += 1
+    return WorkerCounts(expected, live, cordoned, starting, rowless)

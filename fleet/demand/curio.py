@@ -30,7 +30,7 @@ from django.db.models.functions import Now
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from fleet.clock import clock
-from fleet.demand.base import DemandError, DemandReading, WorkerView
+from fleet.demand.base import DemandError, DemandReading, WorkerView, count_workers, in_startup_grace
 from fleet.harmony import (
     HARMONY_ALIAS,
     HarmonyMachine,
@@ -590,7 +590,6 @@ class HarmonyDemandSource:
             proof_s_by_worker=by_worker,
             proof_s_by_gpu=by_gpu,
             rate_window_s=RATE_WINDOW.total_seconds(),
-            active=running > 0,
             oldest_queued_s=oldest.total_seconds() if oldest is not None else None,
             taken_at=clock.now(),
             shared_hosts=shared,
@@ -703,16 +702,14 @@ class HarmonyDemandSource:
         """The worker fields of the reading (see the class docstring)."""
         grace = timedelta(seconds=settings.WARDEN["STARTUP_GRACE_S"])
         now = clock.now()
-        running = [i for i in instances if getattr(i, "killed_at", None) is None and i.status == "running"]
 
         def in_grace(inst) -> bool:
-            since = inst.started_at or inst.status_since
-            return since is None or since > now - grace
+            return in_startup_grace(inst, now, grace)
 
         if details is None:  # names unknown: no instance can be matched to a row
-            starting = sum(1 for i in running if in_grace(i))
-            return {"workers_expected": len(running) - starting, "workers_live": None, "workers_dead": None,
-                    "workers_cordoned": None, "workers_starting": starting, "workers": {}, "unmatched": None}
+            c = count_workers(instances, {}, now=now)
+            return {"workers_expected": c.expected, "workers_live": None, "workers_dead": None,
+                    "workers_cordoned": None, "workers_starting": c.starting, "workers": {}, "unmatched": None}
 
         detail_of = {d["machine_id"]: d for d in details}
         workers: dict[str, WorkerView] = {}
@@ -760,27 +757,16 @@ class HarmonyDemandSource:
                    if getattr(i, "killed_at", None) is None and (getattr(i, "intended_status", "") or "running") == "running"
                    and not in_grace(i) and (i.worker_name or i.external_id) not in workers}
         doubts = _identity_doubts(machines, detail_of, ours, rowless)
-        expected = live = cordoned = norow = starting = doubted = 0
-        for inst in running:
-            name = inst.worker_name or inst.external_id
-            view = workers.get(name)
-            # the grace only excuses a worker not heartbeating yet: a live one is live
-            if in_grace(inst) and not (view is not None and view.live):
-                starting += 1
-                continue
-            expected += 1
-            if view is None:
-                workers[name] = WorkerView(name=name, live=False, identity=doubts.get(name, {}).get("why", ""))
-                if name in doubts:
-                    doubted += 1  # liveness unknown: another node may be working under its row
-                else:
-                    norow += 1
-            elif view.live and view.unschedulable:
-                cordoned += 1
-            elif view.live:
-                live += 1
-            if name in doubts and view is not None:
-                view.identity = doubts[name]["why"]
+        # the one count (fleet.demand.base.count_workers); a row-less expected worker whose node
+        # identity is in doubt has unknown liveness, not dead
+        c = count_workers(instances, workers, now=now)
+        expected, live, cordoned, starting = c.expected, c.live, c.cordoned, c.starting
+        doubted = 0
+        for name in c.rowless:
+            if name in doubts:
+                workers[name].identity = doubts[name]["why"]
+                doubted += 1  # liveness unknown: another node may be working under its row
+        norow = len(c.rowless) - doubted
         for name, d in doubts.items():  # e.g. one the provider shows exited or in error: still in doubt
             workers.setdefault(name, WorkerView(name=name, live=False, identity=d["why"]))
         # an instance without a row of its own may be an unnamed live row (CURIO_NODE_NAME unset)

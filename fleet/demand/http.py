@@ -24,7 +24,7 @@ missing or of the wrong type is ``unknown`` with the reason (never zero: docs/sa
 """
 
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Annotated
 
 import httpx
@@ -32,7 +32,7 @@ from django.conf import settings
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fleet.clock import clock
-from fleet.demand.base import DemandError, DemandReading, WorkerView
+from fleet.demand.base import DemandError, DemandReading, WorkerView, count_workers
 from fleet.secrets import SecretReferenceError, redact, resolve
 
 #: the most of a body read (a demand answer is a few hundred bytes)
@@ -159,40 +159,22 @@ class HTTPDemandSource:
                 unreadable[f] = "the demand endpoint sent no workers"
         return DemandReading(
             state=state, error=error, queued=b.queued, running=b.running, backlog=b.backlog, proof_s=b.proof_s,
-            proof_s_by_gpu=b.proof_s_by_gpu, proofs_hr=b.proofs_hr, active=b.running > 0, oldest_queued_s=b.oldest_queued_s, taken_at=now,
+            proof_s_by_gpu=b.proof_s_by_gpu, proofs_hr=b.proofs_hr, oldest_queued_s=b.oldest_queued_s, taken_at=now,
             unreadable=unreadable, rate_window_s=b.rate_window_s, **counts,
         )
 
 
 def _workers(instances, workers: list[WorkerBody] | None, now) -> dict:
-    """Worker counts against our instances (the ``curio`` source's definitions: expected = running
-    past the startup grace or heartbeating, live = expected, live and not cordoned, dead = the rest)."""
-    grace = timedelta(seconds=settings.WARDEN["STARTUP_GRACE_S"])
-    running = [i for i in instances if getattr(i, "killed_at", None) is None and i.status == "running"]
+    """Worker fields of the reading against our instances, counted by
+    :func:`fleet.demand.base.count_workers` (the rule every source uses). Without ``workers`` only
+    ``workers_expected`` and ``workers_starting`` are known; the rest are None."""
     views = {w.name: WorkerView(name=w.name, live=w.live, unschedulable=w.unschedulable, owned_tasks=w.owned_tasks)
              for w in workers or []}
-    expected = live = cordoned = starting = 0
-    for inst in running:
-        name = inst.worker_name or inst.external_id
-        view = views.get(name)
-        since = inst.started_at or inst.status_since
-        if (since is None or since > now - grace) and not (view is not None and view.live):
-            starting += 1
-            continue
-        expected += 1
-        if view is None:
-            views[name] = WorkerView(name=name, live=False)
-        elif view.live and view.unschedulable:
-            cordoned += 1
-        elif view.live:
-            live += 1
+    c = count_workers(instances, views, now=now)
     if workers is None:
-        return {"workers_expected": expected, "workers_starting": starting, "workers_live": None, "workers_dead": None,
+        return {"workers_expected": c.expected, "workers_starting": c.starting, "workers_live": None, "workers_dead": None,
                 "workers_cordoned": None, "workers": {}, "unmatched": None}
     ours = {i.worker_name or i.external_id for i in instances if getattr(i, "killed_at", None) is None}
     unmatched = [{"machine_id": None, "host_and_port": "", "name": w.name, "live": w.live, "cordoned": w.unschedulable,
                   "owned_tasks": w.owned_tasks} for w in workers if w.name not in ours]
-    return {"workers_expected": expected, "workers_starting": starting, "workers_live": live, "workers_cordoned": cordoned,
-            "workers_dead": expected - live - cordoned, "workers": views, "unmatched": unmatched}
-
-
+    return {**c.fields(), "workers": views, "unmatched": unmatched}

@@ -9,7 +9,7 @@ virtual clock, so guards can tell how long the queue has been empty.
 from datetime import timedelta
 
 from fleet.clock import clock
-from fleet.demand.base import DemandError, DemandReading, WorkerView
+from fleet.demand.base import DemandError, DemandReading, WorkerView, count_workers
 
 
 class ScenarioDemandSource:
@@ -30,7 +30,9 @@ class ScenarioDemandSource:
         self.reads = 0
 
     def read(self, instances=None) -> DemandReading:
-        """One reading at the virtual clock's now. ``instances`` is accepted for the interface and unused."""
+        """One reading at the virtual clock's now. Worker counts are
+        :func:`fleet.demand.base.count_workers` over ``instances`` and the fleet's workers (the
+        startup grace included), unless the file states ``workers_expected``/``workers_live``."""
         self.reads += 1
         d = self.demand
         state = d.get("state", "ok")
@@ -49,25 +51,26 @@ class ScenarioDemandSource:
                 owned_tasks=int(w.get("owned_tasks", 0) or 0),
                 last_contact=now if w.get("live") else None,
             )
-        cordoned = sum(1 for w in workers.values() if w.unschedulable)
-        expected, live = d.get("workers_expected"), d.get("workers_live")
-        dead = None
-        if expected is not None and live is not None:
-            dead = max(0, expected - live - cordoned)
+        if d.get("workers_expected") is None and d.get("workers_live") is None:
+            counts = count_workers(instances or [], workers, now=now).fields()
+        else:
+            # the file states the counts the source reports: they stand as given, and dead is
+            # expected minus live minus cordoned as in count_workers (WorkerCounts.dead)
+            cordoned = sum(1 for w in workers.values() if w.unschedulable)
+            expected, live = d.get("workers_expected"), d.get("workers_live")
+            dead = None if expected is None or live is None else max(0, expected - live - cordoned)
+            counts = {"workers_expected": expected, "workers_live": live, "workers_dead": dead,
+                      "workers_cordoned": cordoned, "workers_starting": None}
         idle_min = d.get("idle_min")
         return DemandReading(
             state=state,
             queued=d.get("queued"),
             running=d.get("running"),
-            workers_expected=expected,
-            workers_live=live,
-            workers_dead=dead,
-            workers_cordoned=cordoned,
+            **counts,
             proofs_hr=d.get("proofs_hr"),
             backlog=d.get("backlog"),
             proof_s=d.get("proof_s"),
             loading_s=d.get("loading_s"),
-            active=d.get("active"),
             taken_at=now,
             idle_since=None if idle_min is None else now - timedelta(minutes=float(idle_min)),
             workers=workers,

@@ -129,7 +129,7 @@ class Provider:
         return SSHRunner(
             instance.ssh_host,
             instance.ssh_port or 22,
-            user=settings.WARDEN.get("SSH_USER") or "root",
+            user=settings.WARDEN["SSH_USER"],
             key_filename=settings.WARDEN.get("SSH_KEY_FILE") or None,
             host_keys=InstanceHostKeys(instance) if instance.pk else None,  # trust on first use
         )

@@ -7,6 +7,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
 from console.management.commands._users import cli_actor
+from fleet.audit import do_audit
 
 
 class Command(BaseCommand):
@@ -17,7 +18,6 @@ class Command(BaseCommand):
         parser.add_argument("--reason", required=True, help="why the new key is trusted (goes to the audit log)")
 
     def handle(self, *args, instance, reason, **options):
-        from agent.actions import do_audit
         from fleet.alerts import resolve
         from fleet.models import Instance
         from fleet.ssh import fingerprint

@@ -20,6 +20,7 @@ import functools
 import re
 import unicodedata
 
+from fleet.alerts import raise_alert
 from fleet.skeleton import fold_confusables
 
 #: characters of a text that are scanned: a longer text is scanned by its head and its tail, half
@@ -155,8 +156,6 @@ def scan_instance(inst) -> list[tuple[str, str]]:
 
 def raise_instance_injection(external_id: str, hits: list[tuple[str, str]]) -> None:
     """Raise one ``prompt_injection`` alert per instance field (once per episode)."""
-    from fleet.alerts import raise_alert
-
     for name, fragment in hits:
         raise_alert("prompt_injection", f"instruction-like text in the provider's {name} of {external_id}: {fragment[:120]}",
                     severity="P1", key=f"prompt_injection:instance:{external_id}:{name}")

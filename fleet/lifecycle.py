@@ -1,0 +1,99 @@
+"""Lifecycle truth the fleet itself needs: what an instance's status means, in one place for the
+guards, the monitor, the ``rules`` planner and the console (docs/contract.md "Terminal", "Blind
+mode", "Starvation").
+
+Every number comes from the run's limits (``world.limits``, ``agent.policy.effective_limits``):
+``offline_grace_min``, ``provisioning_limit_min``, ``starve_min``.
+
+- :func:`blind` — demand is not ``ok``: Warden cannot see its workers;
+- :func:`worker_live` — a recent heartbeat, and not blind (blind: liveness unknown, not live);
+- :func:`is_terminal` — replace, don't scale down (a live worker is never terminal);
+- :func:`starving` — a pending launch that no longer blocks the next one.
+
+It lives in ``fleet`` (the lowest layer) because the monitor's rules (``fleet.monitor``) read it;
+``agent.lifecycle`` keeps what needs the agent's records (forced approval, a rejection that stands).
+"""
+
+from datetime import timedelta
+
+from fleet.clock import clock
+from fleet.models import PENDING_STATUSES
+
+#: a diagnosis cause that only restates the provider's status (fleet.diagnostics.judge)
+_RESTATES_PROVIDER = "provider reports"
+#: evidence keys that are not from the machine itself
+_NOT_MACHINE = {"provider", "worker", "ssh"}
+
+
+def blind(world) -> bool:
+    """True while demand is not ``ok`` (unknown or stale): worker liveness is unknown then."""
+    return world.demand is None or world.demand.state != "ok"
+
+
+def worker_live(inst, world) -> bool:
+    """Whether ``inst``'s worker has a recent heartbeat; always False while :func:`blind`."""
+    if blind(world):
+        return False
+    w = world.worker_for(inst)
+    return bool(w is not None and w.live)
+
+
+def from_machine(diag) -> bool:
+    """A diagnosis resting on evidence from the machine itself (SSH answers), not one that only
+    restates the provider's status (SCENARIOS.md: "a diagnosis that only restates the provider's
+    status does not count")."""
+    if diag.source != "ssh" or (diag.cause or "").startswith(_RESTATES_PROVIDER):
+        return False
+    return any(
+        k not in _NOT_MACHINE and isinstance(v, dict) and v.get("rc") not in (None, 127) and not v.get("ssh_error")
+        for k, v in (diag.evidence or {}).items()
+    )
+
+
+def is_terminal(inst, world) -> tuple[bool, str]:
+    """Whether ``inst`` is terminal (retiring it is a replacement, not a scale-down), with why.
+
+    SCENARIOS.md "terminal instances": only when its worker is not live (:func:`worker_live`) and
+    (the status rules never apply to one we stopped, intended ``stopped``: it is resumed, not
+    destroyed, whatever status the provider shows — issue 9)
+    - its provider status is ``error``;
+    - it is ``exited`` while its intended status is ``running`` (one we stopped is resumed);
+    - it has been ``unknown``/``offline`` longer than ``offline_grace_min``;
+    - it is stuck provisioning past ``provisioning_limit_min``;
+    - its latest fresh diagnosis is failed/host on evidence from the machine (:func:`from_machine`).
+    """
+    if inst.killed_at is not None or worker_live(inst, world):
+        return False, ""
+    lim, now = world.limits, clock.now()
+    # one we stopped is resumed, not destroyed, whatever status the provider shows (issue 9): only
+    # the machine's own evidence (the diagnosis rule below) makes it terminal
+    status = None if inst.intended_status == "stopped" else inst.status
+    if status == "error":
+        return True, "provider status error"
+    if status == "exited" and (inst.intended_status or "running") == "running":
+        return True, "provider status exited (intended running)"
+    if status in ("unknown", "offline"):
+        since = (now - inst.status_since).total_seconds() / 60
+        if since > lim.offline_grace_min:
+            return True, f"provider status {status} for {since:.0f} min (grace {lim.offline_grace_min:g} min)"
+        return False, ""
+    if status is not None and status in PENDING_STATUSES and now - inst.status_since > timedelta(minutes=lim.provisioning_limit_min):
+        return True, f"stuck {status or 'provisioning'} past {lim.provisioning_limit_min:g} min"
+    d = world.fresh_diagnosis(inst)
+    if d is not None and d.health == "failed" and d.fault_class == "host" and from_machine(d):
+        return True, f"diagnosed failed (host): {d.cause}"
+    return False, ""
+
+
+def starving(inst, world) -> bool:
+    """A launch pending longer than ``starve_min`` while tasks are queued and no worker is live.
+
+    It stops counting for ``launch_pending`` (and as capacity for sizing); it still counts toward
+    the instance cap until destroyed (SCENARIOS.md "starvation").
+    """
+    d = world.demand
+    if inst.killed_at is not None or inst.status not in PENDING_STATUSES or inst.status == "rebooting":
+        return False
+    if blind(world) or not (d.queued or getattr(d, "backlog", 0)) or d.workers_live:
+        return False
+    return clock.now() - inst.created_at > timedelta(minutes=world.limits.starve_min)
