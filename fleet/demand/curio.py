@@ -767,8 +767,8 @@ class HarmonyDemandSource:
                 workers[name].identity = doubts[name]["why"]
                 doubted += 1  # liveness unknown: another node may be working under its row
         norow = len(c.rowless) - doubted
-        for name, d in doubts.items():  # e.g. one the provider shows exited or in error: still in doubt
-            workers.setdefault(name, WorkerView(name=name, live=False, identity=d["why"]))
+        for name, d in doubts.items():  # the row's owner too, and one the provider shows exited: in doubt
+            workers.setdefault(name, WorkerView(name=name, live=False, identity=d["why"])).identity = d["why"]
         # an instance without a row of its own may be an unnamed live row (CURIO_NODE_NAME unset)
         stand_ins = sorted(
             (x for x in unmatched if not x["name"] and x["live"]), key=lambda x: (not x["cordoned"], x["machine_id"])
