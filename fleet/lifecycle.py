@@ -40,8 +40,8 @@ def worker_live(inst, world) -> bool:
 
 def from_machine(diag) -> bool:
     """A diagnosis resting on evidence from the machine itself (SSH answers), not one that only
-    restates the provider's status (SCENARIOS.md: "a diagnosis that only restates the provider's
-    status does not count")."""
+    restates the provider's status (a diagnosis that only restates the provider's
+    status does not count: docs/contract.md, Terminal)."""
     if diag.source != "ssh" or (diag.cause or "").startswith(_RESTATES_PROVIDER):
         return False
     return any(
@@ -53,9 +53,9 @@ def from_machine(diag) -> bool:
 def is_terminal(inst, world) -> tuple[bool, str]:
     """Whether ``inst`` is terminal (retiring it is a replacement, not a scale-down), with why.
 
-    SCENARIOS.md "terminal instances": only when its worker is not live (:func:`worker_live`) and
+    docs/contract.md, Terminal: only when its worker is not live (:func:`worker_live`) and
     (the status rules never apply to one we stopped, intended ``stopped``: it is resumed, not
-    destroyed, whatever status the provider shows — issue 9)
+    destroyed, whatever status the provider shows)
     - its provider status is ``error``;
     - it is ``exited`` while its intended status is ``running`` (one we stopped is resumed);
     - it has been ``unknown``/``offline`` longer than ``offline_grace_min``;
@@ -65,7 +65,7 @@ def is_terminal(inst, world) -> tuple[bool, str]:
     if inst.killed_at is not None or worker_live(inst, world):
         return False, ""
     lim, now = world.limits, clock.now()
-    # one we stopped is resumed, not destroyed, whatever status the provider shows (issue 9): only
+    # one we stopped is resumed, not destroyed, whatever status the provider shows: only
     # the machine's own evidence (the diagnosis rule below) makes it terminal
     status = None if inst.intended_status == "stopped" else inst.status
     if status == "error":
@@ -89,7 +89,7 @@ def starving(inst, world) -> bool:
     """A launch pending longer than ``starve_min`` while tasks are queued and no worker is live.
 
     It stops counting for ``launch_pending`` (and as capacity for sizing); it still counts toward
-    the instance cap until destroyed (SCENARIOS.md "starvation").
+    the instance cap until destroyed (docs/contract.md, Starvation).
     """
     d = world.demand
     if inst.killed_at is not None or inst.status not in PENDING_STATUSES or inst.status == "rebooting":

@@ -15,6 +15,7 @@ from pathlib import Path
 import openai
 import pytest
 
+from agent import model_client
 from agent.model_client import ModelConfig, ModelError, chat, code_kind, context_window, failed_answer
 from agent.model_standin import StandIn
 from agent.models import ModelCall, Run, Step
@@ -277,20 +278,22 @@ def test_reported_usage_is_not_marked_an_estimate():
 # --- 2. the context window ------------------------------------------------------------------------
 @pytest.mark.parametrize("server, where", [("llamacpp", "/props n_ctx"), ("vllm", "max_model_len"),
                                            ("openrouter", "context_length")])
-def test_the_context_window_is_read_from_the_server(server, where):
+def test_the_context_window_is_read_from_the_server(server, where, monkeypatch):
+    # the window is read once per process and server address; a stand-in of an earlier test may
+    # have had this port, so this test starts with nothing read
+    monkeypatch.setattr(model_client, "_WINDOWS", {})
     with StandIn([], server=server, context=6144) as standin:
         tokens, source = context_window(ModelConfig(base_url=standin.base_url, model="standin"), with_source=True)
     assert tokens == 6144 and where in source
 
 
-def test_a_server_that_does_not_answer_is_asked_for_its_window_again_later():
+def test_a_server_that_does_not_answer_is_asked_for_its_window_again_later(monkeypatch):
+    monkeypatch.setattr(model_client, "_WINDOWS", {})  # nothing read yet by this process
     with StandIn([], server="llamacpp", context=6144) as standin:
         url = standin.base_url
     cfg = ModelConfig(base_url=url, model="standin", timeout_s=1)
     tokens, source = context_window(cfg, with_source=True)  # the port is closed now
     assert tokens == 8192 and "did not answer" in source
-    from agent import model_client
-
     assert (url, "standin") not in model_client._WINDOWS
 
 
