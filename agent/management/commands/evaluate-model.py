@@ -31,18 +31,10 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
+from agent.management.stopping import Stopped, raise_stopped
+
 CHILD_ENV = "WARDEN_EVALUATE_DIR"
 TMP_PREFIX = "warden-evaluate-"
-
-
-class _Stopped(Exception):
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _stop(signum, frame):
-    raise _Stopped(signum)
 
 
 def _parser_error(message):
@@ -136,7 +128,7 @@ class Command(BaseCommand):
             "cases": plan, "config": {k: getattr(cfg, k) for k in ("base_url", "model", "key_ref", "timeout_s", "max_tokens",
                                                                   "temperature", "price_in", "price_out", "context_tokens",
                                                                   "stream")}}))
-        previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+        previous = {sig: signal.signal(sig, raise_stopped) for sig in (signal.SIGTERM, signal.SIGHUP)}
         proc, code = None, None
         try:
             env = dict(os.environ)
@@ -170,7 +162,7 @@ class Command(BaseCommand):
         except KeyboardInterrupt:
             self.stderr.write("evaluate-model: interrupted; the cases were stopped and their temporary folder removed")
             raise SystemExit(130) from None
-        except _Stopped as exc:
+        except Stopped as exc:
             self.stderr.write(f"evaluate-model: stopped by signal {exc.signum}; the temporary folder was removed")
             raise SystemExit(128 + exc.signum) from None
         finally:

@@ -33,20 +33,12 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
+from agent.management.stopping import Stopped, raise_stopped
+
 CHILD_ENV = "WARDEN_REHEARSE_DB_DIR"
 TMP_PREFIX = "warden-rehearse-"
 #: keys the ``--compare`` file brings to the second column (the rest is the first file's day)
 POLICY_KEYS = ("objectives", "policy", "planner", "model", "heartbeat_s")
-
-
-class _Stopped(Exception):
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _stop(signum, frame):
-    raise _Stopped(signum)
 
 
 def compared_day(day: dict, other: dict) -> dict:
@@ -188,7 +180,7 @@ class Command(BaseCommand):
         row = Rehearsal.objects.create(name=str(day.get("name", Path(path).name))[:200], day=day, status="running",
                                        started_by="manage.py rehearse")
         tmp = tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{os.getpid()}-")
-        previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+        previous = {sig: signal.signal(sig, raise_stopped) for sig in (signal.SIGTERM, signal.SIGHUP)}
         proc = None
         try:
             day_file, out_file, prog_file = (Path(tmp) / n for n in ("day.json", "result.json", "progress"))
@@ -225,7 +217,7 @@ class Command(BaseCommand):
             self._ended(row, "interrupted")
             self.stderr.write("rehearse: interrupted; the simulation was stopped and its temporary folder removed")
             return row, None, 130
-        except _Stopped as exc:
+        except Stopped as exc:
             self._ended(row, f"stopped by signal {exc.signum}")
             return row, None, 128 + exc.signum
         finally:

@@ -31,22 +31,12 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
+from agent.management.stopping import Stopped, raise_stopped
+
 CHILD_ENV = "WARDEN_REPLAY_DB_DIR"
 #: the temporary folder's name: ``warden-replay-<parent pid>-<random>``
 TMP_PREFIX = "warden-replay-"
 _TMP_NAME = re.compile(r"warden-replay-(\d+)-")
-
-
-class _Stopped(Exception):
-    """SIGTERM or SIGHUP reached the parent (the exit status is 128 + the signal)."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _stop(signum, frame):
-    raise _Stopped(signum)
 
 
 def _alive(pid: int) -> bool:
@@ -104,7 +94,7 @@ class Command(BaseCommand):
         the directory is removed whatever happens (see the module docstring)."""
         remove_stale_folders()
         tmp = tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{os.getpid()}-")
-        previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+        previous = {sig: signal.signal(sig, raise_stopped) for sig in (signal.SIGTERM, signal.SIGHUP)}
         proc = None
         try:
             env = dict(os.environ)
@@ -131,7 +121,7 @@ class Command(BaseCommand):
         except KeyboardInterrupt:
             self.stderr.write("replay: interrupted; the replay was stopped and its temporary folder removed")
             return 130
-        except _Stopped as exc:
+        except Stopped as exc:
             self.stderr.write(f"replay: stopped by signal {exc.signum}; the replay was stopped and its temporary "
                               "folder removed")
             return 128 + exc.signum
