@@ -217,20 +217,6 @@ class ModelReplay(Replay):
 
         return LlmPlanner(self.cfg) if cycle == 0 else ScriptPlanner([])
 
-    def heartbeat(self, cycle: int) -> None:
-        from agent.loop import run_cycle
-
-        planner = self.planner_for(cycle)
-        run = run_cycle("replay", planner=planner)
-        if run is None:
-            raise RuntimeError("run_cycle returned None: the run lock is held in a fresh database")
-        self.cycles += 1
-        self.planners[run.pk] = planner
-        self.last_run = run
-        if cycle == 0:
-            self.cycle0_run = run
-        self.answer_top_level()
-
     def resume(self, runs) -> None:
         from agent.loop import resume_run
 

@@ -103,6 +103,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from agent.replay.file_format import aware_datetime, check_objectives
+
 #: the longest day a file may ask for, hours (a week)
 MAX_HORIZON_H = 168
 #: the most machines, tasks, entries in any one list
@@ -316,17 +318,11 @@ class Day(_Strict):
     @field_validator("start")
     @classmethod
     def _aware(cls, v: datetime) -> datetime:
-        if not 2000 <= v.year <= 2100:
-            raise ValueError(f"must lie between the years 2000 and 2100 (got year {v.year})")
-        if v.tzinfo is None or v.utcoffset() is None:
-            raise ValueError("has no time zone; end it with Z (UTC) or an offset such as +02:00")
-        return v
+        return aware_datetime(v)
 
     @field_validator("objectives")
     @classmethod
     def _objectives(cls, v: dict) -> dict:
-        from agent.replay.file_format import check_objectives
-
         return check_objectives(v)
 
     @field_validator("policy")

@@ -143,6 +143,16 @@ def _printable_id(v: str) -> str:
 Ident = Annotated[str, Field(min_length=1, max_length=64), AfterValidator(_printable_id)]
 
 
+
+def aware_datetime(v: datetime) -> datetime:
+    """``v`` when it has a time zone and lies in the years 2000..2100; ``ValueError`` naming what to
+    do otherwise (a replay file's ``now``, a day file's ``start``)."""
+    if not 2000 <= v.year <= 2100:
+        raise ValueError(f"must lie between the years 2000 and 2100 (got year {v.year})")
+    if v.tzinfo is None or v.utcoffset() is None:
+        raise ValueError("has no time zone; end it with Z (UTC) or an offset such as +02:00")
+    return v
+
 class FieldProblem(ValueError):
     """A problem found across fields, raised inside a model validator with the key path it concerns
     (``where``, e.g. ``history[2].instance``); :func:`load_scenario` reports it at that path."""
@@ -627,11 +637,7 @@ class Scenario(_Strict):
     @field_validator("now")
     @classmethod
     def _aware(cls, v: datetime) -> datetime:
-        if not 2000 <= v.year <= 2100:
-            raise ValueError(f"must lie between the years 2000 and 2100 (got year {v.year})")
-        if v.tzinfo is None or v.utcoffset() is None:
-            raise ValueError("has no time zone; end it with Z (UTC) or an offset such as +02:00")
-        return v
+        return aware_datetime(v)
 
     @field_validator("model_responses")
     @classmethod

@@ -120,7 +120,7 @@ class Replay:
         """One observe cycle (observe, monitor, planner), then the top-level operator's answers."""
         from agent.loop import run_cycle
 
-        planner = make_planner(self.sc, self.raw, cycle=cycle)
+        planner = self.planner_for(cycle)
         run = run_cycle("replay", planner=planner)
         if run is None:
             raise RuntimeError("run_cycle returned None: the run lock is held in a fresh database")
@@ -130,6 +130,10 @@ class Replay:
         if cycle == 0:
             self.cycle0_run = run
         self.answer_top_level()
+
+    def planner_for(self, cycle: int):
+        """The planner of ``cycle``: the file's own (script, rules or recorded model responses)."""
+        return make_planner(self.sc, self.raw, cycle=cycle)
 
     def answer_top_level(self) -> None:
         """Answer approvals parked in this cycle as the file's top-level ``operator`` says, resume."""
