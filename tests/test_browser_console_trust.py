@@ -46,7 +46,7 @@ class TestIdlePagesStayQuiet(FleetBrowserTestCase):
                                 status="running", intended_status="running", pid=4001, status_since=now,
                                 created_at=now, gpu_name="local-cpu", dph=0.1)
         DemandSample.objects.create(taken_at=now - timedelta(seconds=5), state="ok", queued=0, running=0,
-                                    workers_live=1, workers_expected=1, workers_dead=0, proofs_hr=0.0, active=False)
+                                    workers_live=1, workers_expected=1, workers_dead=0, proofs_hr=0.0)
         MemoryFact.objects.create(category="ops", key="k", value="a remembered fact", kind="fact", importance=0.5,
                                   source="operator", created_at=now)
 

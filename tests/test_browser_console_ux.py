@@ -72,7 +72,7 @@ class TestConsoleUxInABrowser(FleetBrowserTestCase):
                                     exit_code=-9 if i == 4 else None, pid=4000 + i, status_since=now, created_at=now,
                                     gpu_name="local-cpu", dph=0.1)
         DemandSample.objects.create(taken_at=now - timedelta(seconds=5), state="ok", queued=0, running=0,
-                                    workers_live=3, workers_expected=3, workers_dead=0, proofs_hr=0.0, active=False)
+                                    workers_live=3, workers_expected=3, workers_dead=0, proofs_hr=0.0)
         self.approvals = park(4)
 
     def browser(self, pw):
