@@ -225,22 +225,13 @@ class ModelReplay(Replay):
             self.last_run = resume_run(run, planner=self.planners.get(run.pk) or self.planner_for(1)) or run
 
     def decide_at(self, n: int, m) -> None:
-        from agent.approvals import DecisionError, do_decide
         from agent.models import Approval
         from agent.replay.report import args_agree
-        from agent.replay.world import OPERATOR_USERNAME
 
         resume: dict[int, object] = {}
         for d in m.operator.decisions:
-            for a in Approval.objects.filter(run__in=self.runs(), tool=d.tool, status="waiting").select_related("run"):
-                if d.args and not args_agree(d.args, a.args):
-                    continue
-                self.seen.add(a.pk)
-                try:
-                    do_decide(a, d.decision, f"user:{OPERATOR_USERNAME}", d.comment or f"replay operator: {d.decision}")
-                except DecisionError:
-                    continue
-                resume[a.run_id] = a.run
+            waiting = Approval.objects.filter(run__in=self.runs(), tool=d.tool, status="waiting").select_related("run")
+            self.decide_each([a for a in waiting if not d.args or args_agree(d.args, a.args)], d, resume)
         self.resume(resume.values())
         self.answer_top_level()
 

@@ -196,7 +196,6 @@ class Replay:
         Raises :class:`ScenarioFileError` for a decision naming a call that was never parked, or
         one that fits several waiting calls with different arguments (give ``args`` keys).
         """
-        from agent.approvals import DecisionError, do_decide
         from agent.models import Approval
         from agent.tools import canonical_json
 
@@ -212,15 +211,24 @@ class Replay:
                 raise ScenarioFileError(
                     f"{where}: {len(waiting)} {d.tool} calls with different arguments wait; add args keys to say which"
                 )
-            for a in waiting:  # none waiting: it was decided, voided or expired before this moment
-                self.seen.add(a.pk)
-                try:
-                    do_decide(a, d.decision, f"user:{OPERATOR_USERNAME}", d.comment or f"replay operator: {d.decision}")
-                except DecisionError:
-                    continue
-                resume[a.run_id] = a.run
+            # none waiting: it was decided, voided or expired before this moment
+            self.decide_each(waiting, d, resume)
         self.resume(resume.values())
         self.answer_top_level()
+
+    def decide_each(self, approvals, d, resume: dict) -> None:
+        """Answer each of ``approvals`` with decision ``d`` (a timeline moment's, as the replay
+        operator); the runs of those decided are added to ``resume`` (run pk → run). An approval
+        that can no longer be decided (``DecisionError``: expired or voided meanwhile) is skipped."""
+        from agent.approvals import DecisionError, do_decide
+
+        for a in approvals:
+            self.seen.add(a.pk)
+            try:
+                do_decide(a, d.decision, f"user:{OPERATOR_USERNAME}", d.comment or f"replay operator: {d.decision}")
+            except DecisionError:
+                continue
+            resume[a.run_id] = a.run
 
     def unused_decisions(self) -> None:
         """Raise :class:`ScenarioFileError` for a top-level decision that named no parked call."""
