@@ -6,7 +6,9 @@ test doubles of a cloud provider and of Curio's database) on a :class:`~fleet.cl
 so backoff and timeouts advance virtual time without waiting.
 
 ``rails_world(...)`` yields a :class:`RailsWorld` with the provider, the demand source and the
-clock. Instance rows are written like a replay file's ``fleet`` (created ``age_min`` ago).
+clock. Instance rows are written like a replay file's ``fleet`` (created ``age_min`` ago). The
+demand dicts state no worker counts: they come from ``fleet.demand.base.count_workers`` over those
+rows and each entry's ``worker`` (the rule every demand source uses, the startup grace included).
 ``extra_tool(...)`` registers a test-only tool in ``agent.tools.TOOLS``/``PUBLIC_TOOLS`` for the
 duration of a ``with`` block.
 """
@@ -23,10 +25,8 @@ from fleet.models import Diagnosis, Instance
 NOW = datetime(2026, 6, 9, 16, 50, tzinfo=UTC)
 
 #: a calm fleet: one running instance whose worker is live, nothing queued, idle for an hour
-CALM_DEMAND = {"state": "ok", "active": False, "queued": 0, "running": 0, "workers_expected": 1,
-               "workers_live": 1, "idle_min": 60}
-BUSY_DEMAND = {"state": "ok", "active": True, "queued": 5, "running": 1, "workers_expected": 1,
-               "workers_live": 1, "idle_min": None}
+CALM_DEMAND = {"state": "ok", "active": False, "queued": 0, "running": 0, "idle_min": 60}
+BUSY_DEMAND = {"state": "ok", "active": True, "queued": 5, "running": 1, "idle_min": None}
 
 
 def fleet_entry(ident="v-1", *, status="running", live=True, owned_tasks=0, ssh=None, dph=0.45, age_min=300):
@@ -72,9 +72,10 @@ def rails_world(fleet=None, demand=None, offers=None, faults=None, *, policy=Non
     from fleet.providers.scenario import FaultBook, ScenarioProvider
 
     fleet = [fleet_entry()] if fleet is None else fleet
-    provider = ScenarioProvider(fleet, offers or [], FaultBook(faults or []))
-    source = ScenarioDemandSource(demand or CALM_DEMAND, fleet)
     clk = VirtualClock(NOW)
+    with use_clock(clk):  # the provider's start times are on the virtual clock, as the rows' are
+        provider = ScenarioProvider(fleet, offers or [], FaultBook(faults or []))
+    source = ScenarioDemandSource(demand or CALM_DEMAND, fleet)
     providers_mod.set_override(provider)
     demand_mod.set_override(source)
     try:

@@ -28,7 +28,7 @@ def ask(client, text: str) -> tuple[Run, str]:
 
 
 DEAD_5 = [fleet_entry("local-4"), fleet_entry("local-5", live=False)]
-DEMAND_DEAD_5 = dict(BUSY_DEMAND, queued=7, backlog=2, workers_expected=2, workers_live=1, workers_dead=1)
+DEMAND_DEAD_5 = dict(BUSY_DEMAND, queued=7, backlog=2)
 
 
 def one_worker_target():
@@ -64,7 +64,7 @@ def test_a_question_is_answered_from_the_observed_state(client, alice, broker_qu
 def test_an_instruction_is_said_not_to_be_acted_on_and_what_to_do_instead(client, alice, broker_queue):
     client.force_login(alice)
     fleet = [fleet_entry("local-4"), fleet_entry("local-5")]
-    with rails_world(fleet, dict(BUSY_DEMAND, workers_expected=2, workers_live=2)):
+    with rails_world(fleet, BUSY_DEMAND):
         run, html = ask(client, "please stop local-5")
     answer = run.final_answer
     assert "Without a model, chat instructions are not acted on" in answer
@@ -78,7 +78,7 @@ def test_an_instruction_is_said_not_to_be_acted_on_and_what_to_do_instead(client
 
 def test_a_refusal_is_reported_with_its_code_and_detail(client, alice, broker_queue):
     client.force_login(alice)
-    with rails_world([], dict(BUSY_DEMAND, queued=3, workers_expected=0, workers_live=0, running=0),
+    with rails_world([], dict(BUSY_DEMAND, queued=3, running=0),
                      observe_only=True):
         run, _ = ask(client, "what are you doing about the queue?")
     refused = run.steps.filter(kind="call", outcome="refused").first()

@@ -19,8 +19,7 @@ from tests.rails_support import calls, fleet_entry, rails_world
 
 pytestmark = pytest.mark.django_db
 
-QUEUED = {"state": "ok", "active": True, "queued": 6, "running": 0, "workers_expected": 1, "workers_live": 0,
-          "idle_min": None}
+QUEUED = {"state": "ok", "active": True, "queued": 6, "running": 0, "idle_min": None}
 OFFERS = [{"id": "o-1", "gpu_name": "RTX 4090", "dph": 0.4}]
 
 

@@ -16,8 +16,7 @@ from tests.rails_support import calls, fleet_entry, rails_world
 
 pytestmark = pytest.mark.django_db
 
-DEAD = {"state": "ok", "active": False, "queued": 3, "running": 0, "workers_expected": 1, "workers_live": 0,
-        "idle_min": None}
+DEAD = {"state": "ok", "active": False, "queued": 3, "running": 0, "idle_min": None}
 AUTO = {"reboot_instance": "auto", "destroy_instance": "auto", "launch_instance": "auto"}
 
 

@@ -13,8 +13,7 @@ from tests.rails_support import calls, extra_tool, fleet_entry, rails_world, ver
 
 pytestmark = pytest.mark.django_db
 
-QUEUED_DEAD = {"state": "ok", "active": True, "queued": 3, "running": 0, "workers_expected": 1, "workers_live": 0,
-               "idle_min": None}
+QUEUED_DEAD = {"state": "ok", "active": True, "queued": 3, "running": 0, "idle_min": None}
 UNKNOWN = {"state": "unknown"}
 AUTO = {"destroy_instance": "auto", "stop_instance": "auto", "launch_instance": "auto"}
 
@@ -64,8 +63,7 @@ def test_destroying_a_terminal_instance_while_blind_needs_an_operator():
 
 
 def test_a_live_worker_that_owns_tasks_is_refused_for_every_actor():
-    calm_but_busy = {"state": "ok", "active": True, "queued": 0, "running": 2, "workers_expected": 1,
-                     "workers_live": 1, "idle_min": 90}
+    calm_but_busy = {"state": "ok", "active": True, "queued": 0, "running": 2, "idle_min": 90}
     with rails_world([fleet_entry("v-1", live=True, owned_tasks=2)], calm_but_busy, policy=AUTO, diagnosed=["v-1"]) as w:
         run = w.cycle([{"tool": "stop_instance", "args": {"instance_id": "v-1", "reason": "idle"}}, verdict()])
         inst = Instance.objects.get(external_id="v-1")

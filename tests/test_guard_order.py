@@ -34,8 +34,7 @@ def test_the_guards_docstring_states_the_contract_order():
     assert set(contract_order()) - {"approval_required"} <= set(stated)
 
 
-CALM = {"state": "ok", "active": False, "queued": 0, "running": 0, "workers_expected": 2, "workers_live": 2,
-        "idle_min": 90}
+CALM = {"state": "ok", "active": False, "queued": 0, "running": 0, "idle_min": 90}
 
 
 @pytest.mark.django_db
@@ -58,7 +57,7 @@ def test_target_gone_beats_rejected_recently():
 @pytest.mark.django_db
 def test_observe_only_beats_rate_limited():
     launch = {"tool": "launch_instance", "args": {"gpu_name": "RTX 4090", "launch_priority": "P0", "reason": "q"}}
-    queued = {**CALM, "queued": 5, "idle_min": None, "workers_expected": 0, "workers_live": 0}
+    queued = {**CALM, "queued": 5, "idle_min": None}
     offers = [{"id": "o-1", "gpu_name": "RTX 4090", "dph": 0.4}]
     with rails_world([], queued, offers=offers, limits={"launch_rate": [1, 600]}) as w:
         from agent.models import SideEffect

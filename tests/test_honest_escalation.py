@@ -19,8 +19,7 @@ from tests.rails_support import calls, fleet_entry, rails_world
 
 pytestmark = pytest.mark.django_db
 
-DEAD = {"state": "ok", "active": False, "queued": 40, "running": 0, "workers_expected": 1, "workers_live": 0,
-        "idle_min": None}
+DEAD = {"state": "ok", "active": False, "queued": 40, "running": 0, "idle_min": None}
 
 
 def run_with_reboot_in_flight(in_flight: bool):

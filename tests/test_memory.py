@@ -138,8 +138,7 @@ def test_operator_messages_of_a_run_enter_the_buffer_once():
 
 def test_every_fifth_run_consolidates_host_faults_and_rejections():
     fleet = [fleet_entry("local-4"), fleet_entry("local-5")]
-    calm = {"state": "ok", "active": False, "queued": 0, "running": 0, "workers_expected": 2, "workers_live": 2,
-            "idle_min": 90}
+    calm = {"state": "ok", "active": False, "queued": 0, "running": 0, "idle_min": 90}
     with rails_world(fleet, calm) as w:
         Diagnosis.objects.create(instance=Instance.objects.get(external_id="local-4"), taken_at=w.clock.now(),
                                  health="failed", fault_class="host", cause="kernel oops: GPU fell off the bus",

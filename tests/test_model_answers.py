@@ -402,7 +402,7 @@ def test_a_refused_call_asked_again_with_other_arguments_is_scored_afresh():
     answers = [_completion(calls=[("stop_instance", json.dumps({"instance_id": "v-1", "reason": "looks idle"}))]),
                _completion(calls=[("stop_instance", json.dumps({"instance_id": "v-2", "reason": "looks idle"}))]),
                _completion("Stopped nothing. " + VERDICT)]
-    demand = {**BUSY_DEMAND, "workers_expected": 2, "workers_live": 2}
+    demand = BUSY_DEMAND
     with rails_world([fleet_entry("v-1"), fleet_entry("v-2")], demand), StandIn(answers) as standin:
         run = run_cycle("test", planner=LlmPlanner(ModelConfig(base_url=standin.base_url, model="standin")))
     run.refresh_from_db()

@@ -60,7 +60,7 @@ def test_an_approval_without_a_recorded_need_is_treated_as_within_it():
     """Approvals parked before the need was recorded (they were waiting when this landed): within
     the need at parking, so a drained queue refuses them ``no_longer_needed``; the same approval
     recorded beyond the need runs when approved (the operator decided on those facts)."""
-    busy = dict(BUSY_DEMAND, queued=5, workers_live=1)
+    busy = dict(BUSY_DEMAND, queued=5)
     with rails_world([fleet_entry("v-1")], busy, offers=OFFERS) as w:
         runs = [w.cycle([launch("P1", gpu)]) for gpu in ("RTX 4090", "RTX 3090")]
         old, beyond = (Approval.objects.get(run=r) for r in runs)
@@ -86,7 +86,7 @@ def test_the_chat_asks_for_one_more_worker_while_the_need_is_met(client, alice, 
     parks beyond the need (even with P1 launches auto), its card says so before the buttons, a bulk
     approval leaves it out and says so, and it runs when approved on its own card."""
     client.force_login(alice)
-    busy = dict(BUSY_DEMAND, queued=5, running=2, workers_expected=2, workers_live=2)
+    busy = dict(BUSY_DEMAND, queued=5, running=2)
     with rails_world([fleet_entry("v-1"), fleet_entry("v-2")], busy, offers=OFFERS, policy=ALL_AUTO) as w:
         run = w.cycle([launch("P1", reason="the operator asked for one more worker"), verdict(True, True)],
                       trigger="chat", message="launch one more worker")
@@ -140,7 +140,7 @@ def test_parked_stops_count_and_a_rejected_one_stops_counting(client, alice):
     one parked stop is rejected it stops counting and the next stop parks again. The dashboard
     says how many are left."""
     ids = ["v-1", "v-2", "v-3", "v-4"]
-    idle = {"state": "ok", "active": False, "queued": 0, "running": 0, "workers_expected": 4, "workers_live": 4, "idle_min": 60}
+    idle = {"state": "ok", "active": False, "queued": 0, "running": 0, "idle_min": 60}
     client.force_login(alice)
     with rails_world([fleet_entry(i) for i in ids], idle, diagnosed=ids) as w:
         w.cycle([verdict()])
@@ -165,7 +165,7 @@ def test_the_monitor_and_an_operator_are_outside_the_budget():
     from fleet.models import Instance
 
     ids = ["v-1", "v-2"]
-    idle = {"state": "ok", "active": False, "queued": 0, "running": 0, "workers_expected": 2, "workers_live": 2, "idle_min": 60}
+    idle = {"state": "ok", "active": False, "queued": 0, "running": 0, "idle_min": 60}
     with rails_world([fleet_entry(i) for i in ids], idle, diagnosed=ids, policy={"stop_instance": "auto"}) as w:
         run = w.cycle([_stop("v-1"), _stop("v-2")])
         assert [(s.outcome, s.reason_code) for s in run.steps.filter(kind="call")] == [("executed", ""), ("refused", "disruption_budget")]

@@ -15,8 +15,7 @@ from tests.rails_support import calls, fleet_entry, rails_world, verdict
 
 pytestmark = pytest.mark.django_db
 
-DEAD = {"state": "ok", "active": True, "queued": 8, "running": 0, "workers_expected": 1, "workers_live": 0,
-        "idle_min": None}
+DEAD = {"state": "ok", "active": True, "queued": 8, "running": 0, "idle_min": None}
 DIAG = {"tool": "diagnose_instance", "args": {"instance_id": "v-1"}}
 
 

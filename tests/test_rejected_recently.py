@@ -16,8 +16,7 @@ from tests.rails_support import calls, fleet_entry, rails_world, verdict
 
 pytestmark = pytest.mark.django_db
 
-CALM = {"state": "ok", "active": False, "queued": 0, "running": 0, "workers_expected": 2, "workers_live": 2,
-        "idle_min": 90}
+CALM = {"state": "ok", "active": False, "queued": 0, "running": 0, "idle_min": 90}
 STOP = {"tool": "stop_instance", "args": {"instance_id": "local-5", "reason": "idle"}}
 DIAG = {"tool": "diagnose_instance", "args": {"instance_id": "local-5"}}
 

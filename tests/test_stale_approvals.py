@@ -18,10 +18,8 @@ from tests.rails_support import calls, fleet_entry, rails_world, verdict
 
 pytestmark = pytest.mark.django_db
 
-QUEUED = {"state": "ok", "active": True, "queued": 11, "running": 1, "workers_expected": 1, "workers_live": 1,
-          "idle_min": None}
-EMPTY = {"state": "ok", "active": False, "queued": 0, "running": 0, "workers_expected": 1, "workers_live": 1,
-         "idle_min": 5}
+QUEUED = {"state": "ok", "active": True, "queued": 11, "running": 1, "idle_min": None}
+EMPTY = {"state": "ok", "active": False, "queued": 0, "running": 0, "idle_min": 5}
 OFFERS = [{"id": f"o-{i}", "gpu_name": "RTX 4090", "dph": 0.4} for i in range(4)]
 LAUNCH = {"tool": "launch_instance", "args": {"gpu_name": "RTX 4090", "launch_priority": "P1", "reason": "11 queued"}}
 
@@ -76,7 +74,7 @@ def test_near_miss_a_launch_still_needed_runs():
 def test_an_approval_whose_instance_is_gone_is_void_at_once():
     diag = {"tool": "diagnose_instance", "args": {"instance_id": "v-2"}}
     stop = {"tool": "stop_instance", "args": {"instance_id": "v-2", "reason": "idle"}}
-    calm = {**EMPTY, "idle_min": 60, "workers_expected": 2, "workers_live": 2}
+    calm = {**EMPTY, "idle_min": 60}
     with rails_world([fleet_entry("v-1"), fleet_entry("v-2")], calm) as w:
         run = w.cycle([diag, stop])
         approval = Approval.objects.get()

@@ -15,8 +15,7 @@ from tests.rails_support import calls, fleet_entry, rails_world, verdict
 
 pytestmark = pytest.mark.django_db
 
-STARVED = {"state": "ok", "active": False, "queued": 10, "running": 0, "workers_expected": 0, "workers_live": 0,
-           "idle_min": None}
+STARVED = {"state": "ok", "active": False, "queued": 10, "running": 0, "idle_min": None}
 OFFERS = [{"id": f"o-{i}", "gpu_name": "RTX 4090", "dph": 0.4} for i in range(3)]
 LAUNCH = {"tool": "launch_instance", "args": {"gpu_name": "RTX 4090", "launch_priority": "P0", "reason": "queue"}}
 
@@ -50,7 +49,7 @@ def test_starve_min_is_an_objective():
 
 
 def test_with_a_live_worker_a_slow_launch_is_not_starving():
-    busy = {**STARVED, "running": 1, "workers_expected": 1, "workers_live": 1}
+    busy = {**STARVED, "running": 1}
     with rails_world([fleet_entry("v-0"), *loading(40)], busy, offers=OFFERS) as w:
         run = w.cycle([LAUNCH, verdict()])
     assert calls(run)[0].reason_code == "launch_pending"

@@ -17,10 +17,8 @@ from tests.rails_support import calls, fleet_entry, rails_world, verdict
 pytestmark = pytest.mark.django_db
 
 #: 8 tasks queued, both workers heartbeating and owning tasks
-BUSY = {"state": "ok", "active": True, "queued": 8, "running": 3, "workers_expected": 2, "workers_live": 2,
-        "idle_min": None}
-DEAD = {"state": "ok", "active": True, "queued": 8, "running": 0, "workers_expected": 1, "workers_live": 0,
-        "idle_min": None}
+BUSY = {"state": "ok", "active": True, "queued": 8, "running": 3, "idle_min": None}
+DEAD = {"state": "ok", "active": True, "queued": 8, "running": 0, "idle_min": None}
 GPU_LOST = {"reachable": True, "commands": {"nvidia-smi": {"rc": 15, "out": "Unable to determine the device handle for GPU 0000:01:00.0: GPU is lost"}}}
 
 
