@@ -98,6 +98,7 @@ def test_the_card_shows_the_situation_then_and_now(client, alice):
         target(360)
         w.cycle([LAUNCH])
         w.demand.demand = EMPTY
+        w.clock.advance(60)
         w.cycle([verdict()])  # a later observation: the queue is empty now
         client.force_login(alice)
         page = client.get("/approvals/").content.decode()
