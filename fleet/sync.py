@@ -46,6 +46,10 @@ _COPIED = [
 ]
 
 
+#: the copied fields whose value a database round trip can change (the others are text)
+_CONVERTED = ("dph", "storage_dph", "ssh_port", "pid", "exit_code", "started_at")
+
+
 def _stored(field: str, value):
     """``value`` as the database gives it back for ``Instance.field`` (a float field's ``1`` is
     ``1.0``, an aware time is in UTC): the synced rows are returned without being read again, and
@@ -63,7 +67,9 @@ def _fields(p) -> dict:
     values["intended_status"] = values["intended_status"] or "running"
     values["status_msg"] = redact(values["status_msg"])  # provider text is never stored with secrets
     values["machine_id"] = str((p.extra or {}).get("machine_id") or "")[:64]
-    return {f: _stored(f, v) for f, v in values.items()}
+    for f in _CONVERTED:
+        values[f] = _stored(f, values[f])
+    return values
 
 
 def sync_instances(provider=None) -> list[Instance]:
