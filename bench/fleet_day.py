@@ -13,7 +13,9 @@ minute, approvals answered by the day's operator. Measured in the child: wall an
 resident memory (``ru_maxrss``), cycles (the result's ``cycles``: runs of
 the heartbeat, events, the monitor and resumed approvals) per second, and — for every call of
 ``agent.loop.run_cycle`` and ``agent.monitor_runner.monitor_tick`` — its time and queries, bucketed
-by the number of instances not destroyed at that moment (counted outside the measurement).
+by the number of instances not destroyed at that moment (counted outside the measurement), with
+the calls that made no tool call also counted apart (``-steady``), and the big day's cost per call
+divided by the small day's from the same run (the growth with the fleet, whatever the load).
 
 The days (built here, in the day file's schema):
 
