@@ -13,7 +13,9 @@ minute, approvals answered by the day's operator. Measured in the child: wall an
 resident memory (``ru_maxrss``), cycles (the result's ``cycles``: runs of
 the heartbeat, events, the monitor and resumed approvals) per second, and — for every call of
 ``agent.loop.run_cycle`` and ``agent.monitor_runner.monitor_tick`` — its time and queries, bucketed
-by the number of instances not destroyed at that moment (counted outside the measurement).
+by the number of instances not destroyed at that moment (counted outside the measurement), with
+the calls that made no tool call also counted apart (``-steady``), and the big day's cost per call
+divided by the small day's from the same run (the growth with the fleet, whatever the load).
 
 The days (built here, in the day file's schema):
 
@@ -93,7 +95,9 @@ def big_day(hours: float, peak: int) -> dict:
 
 # --- the child: one day, measured -------------------------------------------------------------------
 class Meter:
-    """Time and queries of every cycle and monitor tick, by the fleet size at its start."""
+    """Time and queries of every cycle and monitor tick, by the fleet size at its start; a call
+    that made no tool call (a steady cycle or tick) is also counted under ``<kind>-steady``: its
+    queries are what must not grow with the fleet (each tool call adds its own)."""
 
     def __init__(self):
         self.queries = 0
@@ -106,22 +110,29 @@ class Meter:
         return execute(sql, params, many, context)
 
     def wrap(self, fn, kind: str):
+        from agent.models import Step
         from fleet.models import Instance
 
         def timed(*args, **kwargs):
-            self.counting = False
+            self.counting = False  # the meter's own reads are not counted
             size = Instance.objects.filter(killed_at__isnull=True).count()
+            last_step = Step.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
             self.counting = True
             q0, t0 = self.queries, time.perf_counter()
             try:
                 return fn(*args, **kwargs)
             finally:
+                dt, dq = time.perf_counter() - t0, self.queries - q0
+                self.counting = False
+                calls = Step.objects.filter(pk__gt=last_step, kind="call").count()
+                self.counting = True
                 bucket = max(b for b in BUCKETS if b <= size)
-                row = self.by_size.setdefault(f"{kind} {bucket}", [0, 0.0, 0, size, size])
-                row[0] += 1
-                row[1] += time.perf_counter() - t0
-                row[2] += self.queries - q0
-                row[3], row[4] = min(row[3], size), max(row[4], size)
+                for key in (kind, f"{kind}-steady") if not calls else (kind,):
+                    row = self.by_size.setdefault(f"{key} {bucket}", [0, 0.0, 0, size, size])
+                    row[0] += 1
+                    row[1] += dt
+                    row[2] += dq
+                    row[3], row[4] = min(row[3], size), max(row[4], size)
         return timed
 
 
@@ -129,6 +140,7 @@ def child(name: str, hours: float, peak: int, profile: int) -> int:
     import resource
 
     import django
+    import psutil
 
     django.setup()
     from celery import current_app
@@ -171,6 +183,7 @@ def child(name: str, hours: float, peak: int, profile: int) -> int:
     s = result["summary"]
     print(json.dumps({
         "day": name, "hours": hours, "wall_s": wall, "cpu_s": cpu, "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "end_mb": psutil.Process().memory_info().rss / 2**20,
         "migrated_mb": rss0, "cycles": s["cycles"], "queries": meter.queries, "by_size": meter.by_size,
         "proofs": s["proofs_delivered"], "arrived": s["proofs_arrived"], "launches": s["launches"],
         "unsafe": s["unsafe"], "usd": s["usd_total"], "peak_live": max((h["live_capacity"] for h in result["hourly"]), default=0),
@@ -197,6 +210,12 @@ def run_child(name: str, hours: float, peak: int, profile: int) -> dict:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def _totals(r: dict, kind: str) -> tuple[int, float, int]:
+    """(calls, seconds, queries) of one call ``kind`` (``cycle``, ``monitor``, ``…-steady``) over every fleet size."""
+    rows = [v for key, v in r["by_size"].items() if key.split()[0] == kind]
+    return sum(v[0] for v in rows), sum(v[1] for v in rows), sum(v[2] for v in rows)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--days", nargs="+", choices=DAYS, default=list(DAYS))
@@ -211,27 +230,37 @@ def main(argv=None) -> int:
     rows = [run_child(d, args.hours, args.peak, args.profile) for d in args.days]
     print(f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; rules planner; scratch SQLite; {args.hours:g} h days")
     print("cycles: run_cycle and resume_run calls (heartbeats, events, approvals decided); ticks: the monitor's, every minute")
-    head = (f"{'day':<10} | {'wall s':>7} | {'CPU s':>7} | {'peak MB':>7} | {'cycles':>6} | {'ticks':>5} | {'cycles+ticks/s':>14} | "
-            f"{'queries/cycle':>13} | {'queries/tick':>12} | {'proofs':>8} | {'launches':>8} | {'unsafe':>6} | {'peak live':>9}")
+    head = (f"{'day':<10} | {'wall s':>7} | {'CPU s':>7} | {'peak MB':>7} | {'end MB':>6} | {'cycles':>6} | {'ticks':>5} | "
+            f"{'cycles+ticks/s':>14} | {'ms/cycle':>8} | {'ms/tick':>7} | {'queries/cycle':>13} | {'queries/tick':>12} | "
+            f"{'proofs':>8} | {'launches':>8} | {'unsafe':>6} | {'peak live':>9}")
     print(head)
     print("-" * len(head))
     for r in rows:
-        tot = {k: [sum(v[i] for key, v in r["by_size"].items() if key.startswith(k)) for i in (0, 1, 2)]
-               for k in ("cycle", "monitor")}
-        (cy, _, cq), (ti, _, tq) = tot["cycle"], tot["monitor"]
-        print(f"{r['day']:<10} | {r['wall_s']:7.1f} | {r['cpu_s']:7.1f} | {r['peak_mb']:7.0f} | {cy:>6} | {ti:>5} | {(cy + ti) / r['wall_s']:14.2f} | "
+        (cy, cs, cq), (ti, ts, tq) = _totals(r, "cycle"), _totals(r, "monitor")
+        print(f"{r['day']:<10} | {r['wall_s']:7.1f} | {r['cpu_s']:7.1f} | {r['peak_mb']:7.0f} | {r['end_mb']:6.0f} | {cy:>6} | "
+              f"{ti:>5} | {(cy + ti) / r['wall_s']:14.2f} | {1000 * cs / max(1, cy):8.1f} | {1000 * ts / max(1, ti):7.1f} | "
               f"{cq / max(1, cy):13.1f} | {tq / max(1, ti):12.1f} | {r['proofs']:>8,} | {r['launches']:>8} | {r['unsafe']:>6} | "
               f"{r['peak_live']:>9,.0f}")
     print()
-    print("cost per call by fleet size (instances not destroyed when it started)")
-    head = f"{'day':<10} | {'call':<7} | {'instances':>11} | {'calls':>6} | {'ms/call':>8} | {'queries/call':>12}"
+    print("cost per call by fleet size (instances not destroyed when it started); -steady: the calls that made no tool call")
+    head = f"{'day':<10} | {'call':<14} | {'instances':>11} | {'calls':>6} | {'ms/call':>8} | {'queries/call':>12}"
     print(head)
     print("-" * len(head))
     for r in rows:
         for key, (calls, secs, queries, lo, hi) in sorted(r["by_size"].items(),
                                                            key=lambda kv: (kv[0].split()[0], int(kv[0].split()[1]))):
-            print(f"{r['day']:<10} | {key.split()[0]:<7} | {f'{lo}–{hi}':>11} | {calls:>6} | {1000 * secs / calls:8.1f} | "
+            print(f"{r['day']:<10} | {key.split()[0]:<14} | {f'{lo}–{hi}':>11} | {calls:>6} | {1000 * secs / calls:8.1f} | "
                   f"{queries / calls:12.1f}")
+    by_day = {r["day"]: r for r in rows}
+    if len(by_day) == 2:
+        small, large = by_day["10x24h"], by_day["1000x24h"]
+        print()
+        print("the 1000x24h day per call ÷ the 10x24h day per call, this run (growth with the fleet; 1.0 = none)")
+        for kind in ("cycle", "cycle-steady", "monitor", "monitor-steady"):
+            (n1, s1, q1), (n2, s2, q2) = _totals(small, kind), _totals(large, kind)
+            if n1 and n2:
+                print(f"  {kind:<14}  ms ×{(s2 / n2) / (s1 / n1):5.2f} ({1000 * s1 / n1:.1f} → {1000 * s2 / n2:.1f})   "
+                      f"queries ×{(q2 / n2) / max(1e-9, q1 / n1):5.2f} ({q1 / n1:.1f} → {q2 / n2:.1f})")
     big = next((r for r in rows if r["day"] == "1000x24h"), None)
     if big is not None:
         full = args.hours == 24 and args.peak == 1000

@@ -1,10 +1,11 @@
 """Bring our ``Instance`` rows in line with what the provider reports.
 
-One provider read, one query for our rows, one for unknown ids, then an UPDATE per changed
-row only: the query count does not grow with the fleet unless rows actually change.
+One provider read, one query for our rows (each loaded once: the rows returned are those objects,
+updated in place), one for unknown ids, then an UPDATE per changed row only: the query count does
+not grow with the fleet unless rows actually change.
 """
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
@@ -45,6 +46,20 @@ _COPIED = [
 ]
 
 
+#: the copied fields whose value a database round trip can change (the others are text)
+_CONVERTED = ("dph", "storage_dph", "ssh_port", "pid", "exit_code", "started_at")
+
+
+def _stored(field: str, value):
+    """``value`` as the database gives it back for ``Instance.field`` (a float field's ``1`` is
+    ``1.0``, an aware time is in UTC): the synced rows are returned without being read again, and
+    must equal what a re-read would give."""
+    value = Instance._meta.get_field(field).to_python(value)
+    if isinstance(value, datetime) and value.tzinfo is not None:
+        value = value.astimezone(UTC)
+    return value
+
+
 def _fields(p) -> dict:
     values = {f: getattr(p, f) for f in _COPIED}
     for f in ("status_msg", "gpu_name", "ssh_host", "log_path", "worker_name", "intended_status"):
@@ -52,6 +67,8 @@ def _fields(p) -> dict:
     values["intended_status"] = values["intended_status"] or "running"
     values["status_msg"] = redact(values["status_msg"])  # provider text is never stored with secrets
     values["machine_id"] = str((p.extra or {}).get("machine_id") or "")[:64]
+    for f in _CONVERTED:
+        values[f] = _stored(f, values[f])
     return values
 
 
@@ -86,7 +103,7 @@ def sync_instances(provider=None) -> list[Instance]:
         if hits:
             raise_instance_injection(p.external_id, hits)
     by_id = {p.external_id: p for p in listed}
-    now = clock.now()
+    now = _stored("status_since", clock.now())  # in UTC, as a re-read row would hold it
     changed = False
     grace = vanish_grace()
     names = getattr(provider, "names", {provider.name})
@@ -94,12 +111,15 @@ def sync_instances(provider=None) -> list[Instance]:
     failed: list[Instance] = []
     stopped_running = 0
     with transaction.atomic():
-        rows = list(Instance.objects.select_for_update().filter(provider__in=names, killed_at__isnull=True))
+        rows = list(Instance.objects.select_for_update().filter(provider__in=names, killed_at__isnull=True)
+                    .order_by("-created_at"))
+        live = []  # the rows still live after this sync, each loaded once (not read again below)
         for row in rows:
             p = by_id.pop(row.external_id, None)
             if p is None:
                 if row.created_at > now - grace or (gone is not None and row.destroy_requested_at is None
                                                     and row.external_id not in gone):
+                    live.append(row)
                     continue  # young, or not yet confirmed gone (next tick)
                 if row.destroy_requested_at is not None:
                     row.killed_at, row.killed_by, row.kill_reason = now, "monitor", "destroy confirmed by re-list"
@@ -113,6 +133,7 @@ def sync_instances(provider=None) -> list[Instance]:
                 row.save(update_fields=["killed_at", "killed_by", "kill_reason"])
                 changed = True
                 continue
+            live.append(row)
             values = _fields(p)
             diff = [f for f, v in values.items() if getattr(row, f) != v]
             if not diff:
@@ -144,6 +165,7 @@ def sync_instances(provider=None) -> list[Instance]:
                         setattr(row, f, v)
                     row.intended_status = "destroyed"
                     row.save()
+                    live.append(row)
                     changed = True
             new = [
                 Instance(
@@ -151,7 +173,7 @@ def sync_instances(provider=None) -> list[Instance]:
                     external_id=p.external_id,
                     label=(p.label or "")[:100],
                     status_since=now,
-                    created_at=p.started_at or now,
+                    created_at=_stored("created_at", p.started_at or now),
                     adopted_at=now,
                     **_fields(p),
                 )
@@ -165,6 +187,7 @@ def sync_instances(provider=None) -> list[Instance]:
                 StatusChange.objects.bulk_create([StatusChange(instance=r, at=r.status_since, status=r.status, dph=r.dph,
                                                                storage_dph=r.storage_dph) for r in new])
                 _audit_adopted(new)
+                live += new
                 changed = True
         if failed:
             from fleet.machines import remember_failure
@@ -173,7 +196,7 @@ def sync_instances(provider=None) -> list[Instance]:
                 remember_failure(row, f"{row.external_id} {row.status}: {row.status_msg[:200]}")
         if changed:
             emit("fleet-changed")
-        live = list(Instance.objects.filter(provider__in=names, killed_at__isnull=True).order_by("-created_at"))
+        live.sort(key=lambda r: r.created_at, reverse=True)  # newest first (stable: the query's order for ties)
         if stopped_running and not any(i.status == "running" for i in live):
             trigger("workers_all_dead", f"no instance of {provider.name} is running any more")
     return live
