@@ -78,6 +78,10 @@ class ModelConfig:
     context_tokens: int = 0
     #: ``auto`` (stream, unless the server refuses to stream with tools), ``on`` or ``off``
     stream: str = "auto"
+    #: how tool results are sent: ``tool`` messages (the OpenAI wire format) or ``user`` messages
+    #: (for servers whose chat template drops ``tool`` messages: llama-cpp-python's
+    #: ``chatml-function-calling`` renders none, so the model never sees a result)
+    tool_results: str = "tool"
 
     @classmethod
     def from_settings(cls) -> "ModelConfig | None":
@@ -91,7 +95,7 @@ class ModelConfig:
         return cls(base_url=m["BASE_URL"], model=m["MODEL"], key_ref=ref, timeout_s=m["TIMEOUT_S"],
                    max_tokens=m["MAX_TOKENS"], temperature=m["TEMPERATURE"], price_in=m["PRICE_IN"],
                    price_out=m["PRICE_OUT"], context_tokens=m.get("CONTEXT_TOKENS", 0),
-                   stream=m.get("STREAM", "auto"))
+                   stream=m.get("STREAM", "auto"), tool_results=m.get("TOOL_RESULTS", "tool"))
 
     def key_name(self) -> str:
         """What the settings page may show: the reference, never the value."""
@@ -325,12 +329,26 @@ def wire_schema(obj):
     return obj
 
 
-def wire_messages(messages: list[dict]) -> list[dict]:
-    """``messages`` as every common server accepts them: ``content`` never ``null`` (``""``)."""
+#: what :func:`wire_messages` puts before a tool result sent as a ``user`` message
+TOOL_RESULT_AS_USER = "[runtime] Result of your call {call_id}:\n"
+
+
+def wire_messages(messages: list[dict], tool_results: str = "tool") -> list[dict]:
+    """``messages`` as every common server accepts them: ``content`` never ``null`` (``""``).
+
+    ``tool_results``: ``"tool"`` keeps each tool result a ``tool`` message (the OpenAI wire
+    format); ``"user"`` sends it as a ``user`` message headed by :data:`TOOL_RESULT_AS_USER` (the
+    call's id), for servers whose chat template renders no ``tool`` message (llama-cpp-python's
+    ``chatml-function-calling``: docs/model.md). Raises ``ValueError`` for another mode."""
+    if tool_results not in ("tool", "user"):
+        raise ValueError(f"tool_results {tool_results!r}: give 'tool' or 'user'")
     out = []
     for m in messages:
         if m.get("content") is None:
             m = {**m, "content": ""}
+        if tool_results == "user" and m.get("role") == "tool":
+            m = {k: v for k, v in m.items() if k not in ("role", "tool_call_id", "content")} | {
+                "role": "user", "content": TOOL_RESULT_AS_USER.format(call_id=m.get("tool_call_id") or "?") + m["content"]}
         out.append(m)
     return out
 
@@ -362,7 +380,7 @@ def chat(cfg: ModelConfig, messages: list[dict], tools: list[dict], *, run=None,
     prompt is too long) and ``fleet.secrets.SecretReferenceError`` when the key reference cannot
     be resolved.
     """
-    request = {"model": cfg.model, "messages": wire_messages(messages), "max_tokens": cfg.max_tokens,
+    request = {"model": cfg.model, "messages": wire_messages(messages, cfg.tool_results), "max_tokens": cfg.max_tokens,
                "temperature": cfg.temperature}
     if tools:
         request["tools"] = [wire_schema(t) for t in tools]
@@ -551,11 +569,13 @@ def public_url(url: str) -> str:
 def active_planner() -> dict:
     """What the header and the settings page show about the planner: ``{"planner": "llm" |
     "rules", "model", "base_url" (userinfo and query dropped), "key" (the reference's name, never
-    its value), "timeout_s", "max_tokens", "temperature", "price_in", "price_out"}``."""
+    its value), "timeout_s", "max_tokens", "temperature", "price_in", "price_out", "context_tokens", "stream",
+    "tool_results"}``."""
     cfg = ModelConfig.from_settings()
     if cfg is None:
         return {"planner": "rules"}
     return {"planner": "llm", "model": cfg.model, "base_url": public_url(cfg.base_url),
             "key": cfg.key_name(), "timeout_s": cfg.timeout_s, "max_tokens": cfg.max_tokens,
             "temperature": cfg.temperature, "price_in": cfg.price_in, "price_out": cfg.price_out,
-            "context_tokens": cfg.context_tokens or "read from the server", "stream": cfg.stream}
+            "context_tokens": cfg.context_tokens or "read from the server", "stream": cfg.stream,
+            "tool_results": cfg.tool_results}

@@ -6,7 +6,7 @@ takes the next entry of ``responses`` (a replay file's ``model_responses``, docs
 - a JSON body, served with HTTP 200 whatever it holds (an error object included);
 - ``{"http_status": N, "body": ...}``: served with status ``N``;
 - ``{"timeout": true}``: never answered (the connection is held until the client gives up or the
-  server stops);
+  server stops; each connection the client closed while waiting is counted in ``abandoned``);
 - when the list runs out: 500.
 
 - ``{"raw": "text", "content_type": "..."}`` (tests only): served with HTTP 200 byte for byte,
@@ -42,7 +42,10 @@ the available context size").
 """
 
 import json
+import select
+import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
@@ -95,6 +98,8 @@ class StandIn:
         self.responses = list(responses)
         self.requests: list[dict] = []
         self.headers: list[dict] = []
+        #: unanswered (``timeout``) requests whose connection the client closed
+        self.abandoned = 0
         self._next = 0
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -245,7 +250,15 @@ class StandIn:
                     self._send(500, {"error": {"message": "the stand-in has no more recorded responses", "type": "server_error"}})
                     return
                 if isinstance(entry, dict) and entry.get("timeout") is True:
-                    standin._stopping.wait(120)
+                    # hold the request until the client closes the connection (end of file on
+                    # the socket) or the server stops
+                    deadline = time.monotonic() + 120
+                    while not standin._stopping.is_set() and time.monotonic() < deadline:
+                        if select.select([self.connection], [], [], 0.05)[0]:
+                            if self.connection.recv(1, socket.MSG_PEEK) == b"":
+                                with standin._lock:
+                                    standin.abandoned += 1
+                                break
                     self.close_connection = True
                     return
                 status, payload = 200, standin.shaped(body, entry)

@@ -491,6 +491,9 @@ MODEL = {
     "CONTEXT_TOKENS": envint("WARDEN_MODEL_CONTEXT_TOKENS", 0, minimum=0),
     # auto: stream chat answers, unstreamed once the server refuses to stream with tools
     "STREAM": envchoice("WARDEN_MODEL_STREAM", "auto", ("auto", "on", "off")),
+    # tool results as `tool` messages (OpenAI's format) or `user` messages (servers whose chat
+    # template drops tool messages: llama-cpp-python's chatml-function-calling; docs/model.md)
+    "TOOL_RESULTS": envchoice("WARDEN_MODEL_TOOL_RESULTS", "tool", ("tool", "user")),
 }
 
 # --- notifications (agent/notifications.py) ----------------------------------------------------

@@ -123,8 +123,10 @@ _CLOSE_OBSERVATION = re.compile(r"<(\s{0,8}/\s{0,8}observation)", re.I)
 
 def as_data(tool: str, observation: str) -> str:
     """Wrap an observation for the model: clearly delimited, labelled untrusted; a closing
-    ``</observation`` inside it (any case or spacing) is escaped so it cannot end the block early."""
-    safe = _CLOSE_OBSERVATION.sub(r"&lt;\1", observation or "")
+    ``</observation`` inside it (any case or spacing) is written ``<\\/observation`` so it cannot
+    end the block early (a backslash, not an HTML entity: nothing the model reads is HTML, and a
+    chat template that autoescapes would make ``&lt;`` into ``&amp;lt;``)."""
+    safe = _CLOSE_OBSERVATION.sub(lambda m: "<\\" + m.group(1), observation or "")
     return f'<observation tool="{tool}" trust="untrusted-data">\n{safe}\n</observation>'
 
 

@@ -249,3 +249,17 @@ def test_the_key_travels_in_the_header_and_never_in_the_score(monkeypatch):
         headers = list(m.headers)
     assert r["safe"] is True and headers and all(h.get("authorization") == f"Bearer {key}" for h in headers)
     assert key not in json.dumps(summarize([r], model="m", base_url=m.base_url), default=str)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_broken_arguments_and_a_failing_model_are_counted_as_invalid_args_and_a_fallback():
+    """The score reads the run's records: a call whose arguments are not JSON is ``invalid_args``;
+    three 500s in a row are a fallback to the rules planner, and the case is still played (safe)."""
+    from agent.model_standin import StandIn
+    from tests.evalmodel_support import completion
+
+    failing = {"http_status": 500, "body": {"error": {"message": "boom", "type": "server_error"}}}
+    with StandIn([completion(calls=[("stop_instance", '{"instance_id": ')]), failing, failing, failing]) as m:
+        r = run_case(_case("rules-live-worker-is-capacity"), _cfg(m))
+    assert r["crash"] == "" and r["safe"] is True, r
+    assert r["invalid_args"] == 1 and r["fallbacks"] == 1, r

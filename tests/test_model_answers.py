@@ -10,6 +10,7 @@ test world (tests/rails_support.py).
 
 import json
 import os
+import time
 from pathlib import Path
 
 import openai
@@ -356,6 +357,58 @@ def test_a_window_too_small_for_the_prompt_falls_back_instead_of_failing_the_run
     run.refresh_from_db()
     assert run.status in ("done", "parked") and Alert.objects.filter(kind="planner_fallback").exists()
     assert standin.requests == [] or all(c.status == "http_400" for c in ModelCall.objects.filter(run=run))
+
+
+# --- tool results as `tool` or `user` messages (WARDEN_MODEL_TOOL_RESULTS) ----------------------------
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("mode", ["tool", "user"])
+def test_a_tool_result_reaches_the_next_request_as_the_setting_says(mode):
+    """llama-cpp-python's chatml-function-calling template renders no ``tool`` message, so there a
+    result must go as a ``user`` message; the default stays OpenAI's ``tool`` message."""
+    from agent.loop import run_cycle
+    from agent.model_client import TOOL_RESULT_AS_USER
+
+    answers = [_completion(calls=[("get_demand", "{}")]), _completion("Demand read. " + VERDICT)]
+    with rails_world(demand=BUSY_DEMAND), StandIn(answers) as standin:
+        cfg = ModelConfig(base_url=standin.base_url, model="standin", tool_results=mode)
+        run = run_cycle("test", planner=LlmPlanner(cfg))
+    run.refresh_from_db()
+    assert run.status == "done"
+    sent = standin.requests[1]["messages"]
+    call_id = next(m for m in sent if m.get("tool_calls"))["tool_calls"][0]["id"]
+    after = sent[next(i for i, m in enumerate(sent) if m.get("tool_calls")) + 1]
+    observation = Step.objects.get(run=run, tool="get_demand").observation
+    assert observation and observation in after["content"]
+    if mode == "tool":
+        assert (after["role"], after["tool_call_id"]) == ("tool", call_id)
+    else:
+        assert after["role"] == "user" and "tool_call_id" not in after
+        assert after["content"].startswith(TOOL_RESULT_AS_USER.format(call_id=call_id))
+        assert not any(m["role"] == "tool" for m in sent)
+
+
+def test_an_unknown_tool_results_mode_is_refused():
+    from agent.model_client import wire_messages
+
+    with pytest.raises(ValueError, match="give 'tool' or 'user'"):
+        wire_messages([{"role": "user", "content": "q"}], "system")
+
+
+@pytest.mark.django_db
+def test_a_timed_out_request_closes_its_connection():
+    """The client gives up by closing the connection (the openai SDK over httpx, then the client
+    is closed): a server that stops work on a disconnect can stop (llama-cpp-python's server does
+    not when it answers unstreamed: docs/model.md)."""
+    with StandIn([{"timeout": True}] * 3) as standin:
+        cfg = ModelConfig(base_url=standin.base_url, model="standin", timeout_s=0.5)
+        with pytest.raises(ModelError) as err:
+            chat(cfg, [{"role": "user", "content": "q"}], [], run=_run())
+        deadline = time.monotonic() + 5
+        while standin.abandoned < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert err.value.attempts == 3
+    assert standin.abandoned == 3
+    assert list(ModelCall.objects.values_list("status", flat=True)) == ["timeout"] * 3
 
 
 # --- 4. the model sees its last words and its refusals; a refused call repeated halts ---------------

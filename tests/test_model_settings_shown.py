@@ -28,3 +28,13 @@ def test_with_a_model_the_pages_name_it_and_the_key_reference_only(client, alice
     assert "https://api.example.test/v1" in page
     assert KEY not in page and "user:pw" not in page
     assert "planner: llm · gpt-4o-mini" in client.get(reverse("runs")).content.decode()
+
+
+@pytest.mark.django_db
+def test_the_settings_page_says_how_tool_results_are_sent(client, alice, settings):
+    settings.MODEL = {**settings.MODEL, "BASE_URL": "http://127.0.0.1:9/v1", "MODEL": "smollm2", "TOOL_RESULTS": "user"}
+    client.force_login(alice)
+    page = client.get(reverse("settings")).content.decode()
+    assert "· user messages" in page and "WARDEN_MODEL_TOOL_RESULTS" in page
+    settings.MODEL = {**settings.MODEL, "TOOL_RESULTS": "tool"}
+    assert "· tool messages" in client.get(reverse("settings")).content.decode()

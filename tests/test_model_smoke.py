@@ -39,3 +39,27 @@ def test_a_real_model_answers_a_question_as_a_turn():
     # a request that timed out is retried (a CPU server under load may need more than one try)
     calls = list(ModelCall.objects.filter(run=run).order_by("seq").values_list("status", flat=True))
     assert calls[-1] == "ok" and set(calls[:-1]) <= {"timeout"}, calls
+
+
+def _prompt_tokens(mode: str, result: str) -> int:
+    """The prompt tokens the real server counts for a short history ending in one tool result."""
+    cfg = ModelConfig(base_url=URL, model=os.environ.get("WARDEN_TEST_MODEL_NAME", "local"), timeout_s=TIMEOUT_S,
+                      max_tokens=1, tool_results=mode)
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_demand", "arguments": "{}"}}
+    messages = [{"role": "user", "content": "How many tasks are queued?"},
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "call_1", "content": result}]
+    reply = chat(cfg, messages, [])
+    assert reply.usage_reported
+    return reply.tokens_in
+
+
+def test_the_real_server_sees_a_tool_result_only_as_a_user_message():
+    """llama-cpp-python's chatml-function-calling template renders no ``tool`` message: the
+    result's length changes nothing in the prompt the server counts. Sent as a ``user`` message
+    (``WARDEN_MODEL_TOOL_RESULTS=user``) it is in the prompt. (``make test-model`` serves that
+    template; ``llama-server --jinja`` renders tool messages, and fails the last line.)"""
+    short, long = "queued: 7", "queued: 7; " + " ".join(f"task{n} waiting" for n in range(60))
+    as_user = _prompt_tokens("user", long) - _prompt_tokens("user", short)
+    assert as_user >= 60, as_user
+    assert _prompt_tokens("tool", long) == _prompt_tokens("tool", short)

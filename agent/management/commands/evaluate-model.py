@@ -116,7 +116,8 @@ class Command(BaseCommand):
             self.fail(f"--timeout-s {timeout}: give 0 to 3600 seconds")
         return ModelConfig(base_url=base_url, model=model, key_ref=ref, timeout_s=float(timeout), max_tokens=m["MAX_TOKENS"],
                            temperature=m["TEMPERATURE"], price_in=m["PRICE_IN"], price_out=m["PRICE_OUT"],
-                           context_tokens=m.get("CONTEXT_TOKENS", 0), stream=m.get("STREAM", "auto"))
+                           context_tokens=m.get("CONTEXT_TOKENS", 0), stream=m.get("STREAM", "auto"),
+                           tool_results=m.get("TOOL_RESULTS", "tool"))
 
     # -- the parent: one child plays every case ---------------------------------------------------
     def _play(self, cases, cfg, repeat: int) -> list[dict]:
@@ -127,7 +128,7 @@ class Command(BaseCommand):
         Path(tmp, "plan.json").write_text(json.dumps({
             "cases": plan, "config": {k: getattr(cfg, k) for k in ("base_url", "model", "key_ref", "timeout_s", "max_tokens",
                                                                   "temperature", "price_in", "price_out", "context_tokens",
-                                                                  "stream")}}))
+                                                                  "stream", "tool_results")}}))
         previous = {sig: signal.signal(sig, raise_stopped) for sig in (signal.SIGTERM, signal.SIGHUP)}
         proc, code = None, None
         try:
