@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 import psutil
-from django.db import IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, transaction
 
 from agent.limits import default
 from agent.models import Approval, SideEffect, Step
@@ -130,6 +130,97 @@ def close_claim(claim: SideEffect, status: str, result: str, code: str = "") -> 
     if n:
         claim.status, claim.code, claim.result = status, code or claim.code, redact(result)[:4000]
     return bool(n)
+
+
+class EffectNotRecorded(Exception):
+    """The effect happened, recording its outcome failed (a database error after the provider
+    acted). The message says what happened; the intent audit row and the open claim stand, and
+    the next cycle settles the claim against the provider (:func:`settle_claims`). Never shown as a
+    failure: an error page must not hide an effect (docs/safety.md, Side effects). ``applied`` is False when
+    the intent was recorded but applying it failed (Warden re-applies it next cycle)."""
+
+    def __init__(self, message: str, *, applied: bool = True):
+        super().__init__(message)
+        self.applied = applied
+
+
+def finish_claim(claim: SideEffect | None, status: str, result: str) -> None:
+    """Close ``claim`` (none: nothing to do). A claim settled as stale while its call still ran
+    (past ``claim_max_age_min``) that did take effect raises ``stale_claim``: an approval sent back
+    to waiting must not be approved again blind."""
+    if claim is None:
+        return
+    if not close_claim(claim, status, result) and status == "done":
+        from fleet.alerts import raise_alert
+
+        log.warning("claim %s finished after it was settled", claim.pk)
+        raise_alert("stale_claim", f"{claim.tool} {claim.instance_ref or claim.label} (claim {claim.pk}) was settled as "
+                    f"never run, but it finished and took effect: {result[:200]}", severity="P1",
+                    key=f"stale_claim:late:{claim.pk}")
+
+
+@dataclass
+class Claimed:
+    """What :func:`run_claimed` did with one call. ``status``: ``refused`` (the claim was refused:
+    ``code``/``detail``, nothing ran), ``done`` (``value`` is what the act returned, ``result`` the
+    claim's closing text), ``failed`` (``error`` with a known outcome: nothing took effect, or a
+    crash), ``unknown`` (the request was sent and its answer lost: looked up, ``instance`` adopted
+    or None, ``detail`` the look-up's note; never re-sent) or ``unrecorded`` (it took effect, its
+    record failed: ``error`` is the :class:`EffectNotRecorded`)."""
+
+    status: str
+    claim: SideEffect | None = None
+    value: object = None
+    result: str = ""
+    error: BaseException | None = None
+    code: str = ""
+    detail: str = ""
+    instance: object = None
+
+
+def run_claimed(act, *, key: str, tool: str, args: dict, instance_ref: str, actor: str, audit_actor: str | None = None,
+                reason: str = "", done=lambda value: "done") -> Claimed:
+    """The one claim → act → settle path of a side effect, for the pipeline (the agent's and the
+    monitor's calls, ``agent.pipeline.execute``) and an operator's instance action
+    (``agent.actions.instances.do_operator_instance_action``); the guards run before it.
+
+    With ``key`` the call is claimed first (:func:`open_claim`: one INSERT and the intent audit
+    row; a refusal is ``refused`` and ``act`` never runs); without one (a read) it runs unclaimed.
+    ``act(claim)`` (claim None when unclaimed) does the work; ``done(value)`` is the claim's closing
+    text. A ``ProviderError`` whose outcome is unknown is looked up and adopted
+    (:func:`resolve_unknown`), never re-sent. Never raises what ``act`` raised: it is in the answer
+    (:class:`Claimed`).
+    """
+    from fleet.providers import ProviderError
+
+    claim = None
+    if key:
+        try:
+            claim = open_claim(key=key, tool=tool, args=args, instance_ref=instance_ref, actor=actor,
+                               audit_actor=audit_actor, reason=reason)
+        except ClaimRefused as exc:
+            return Claimed("refused", code=exc.code, detail=exc.detail)
+    try:
+        value = act(claim)
+    except ProviderError as exc:
+        if claim is not None and exc.outcome_unknown:
+            inst, note = resolve_unknown(claim, actor=audit_actor or actor)
+            return Claimed("unknown", claim, error=exc, detail=note, instance=inst)
+        finish_claim(claim, "failed", str(exc))
+        return Claimed("failed", claim, error=exc)
+    except EffectNotRecorded as exc:
+        try:
+            finish_claim(claim, "done", str(exc))
+        except DatabaseError:
+            pass  # the claim stays open: the next cycle settles it against the provider
+        return Claimed("unrecorded", claim, error=exc)
+    except Exception as exc:  # noqa: BLE001 — the boundary: the caller reports it (a tool's error, or a crash)
+        # a tool's own error (it has a kind) reads as its message; a crash as its repr
+        finish_claim(claim, "failed", str(exc) if hasattr(exc, "kind") else repr(exc))
+        return Claimed("failed", claim, error=exc)
+    result = done(value)
+    finish_claim(claim, "done", result)
+    return Claimed("done", claim, value=value, result=result)
 
 
 def our_launch_labels(labels: set[str]) -> set[str]:

@@ -53,7 +53,7 @@ from agent.models import Approval, SideEffect
 from agent.policy import PRIORITIES
 from agent.tool_specs import TOOLS, canonical_json
 from fleet.clock import clock
-from fleet.lifecycle import is_terminal, starving, worker_live
+from fleet.lifecycle import eligibility, starving
 from fleet.models import PENDING_STATUSES
 from fleet.providers import ProviderError, get_provider
 
@@ -200,12 +200,14 @@ def check(tool: str, args: dict, key: str, world, *, batch_prior: list[tuple[str
     inst = None
     if spec.instance_arg:
         inst = world.instance(args.get(spec.instance_arg, ""))
+    # target_gone, owned_host, owned_tasks and terminal: fleet.lifecycle.eligibility, the one rule
+    elig = eligibility(inst, world, tool, actor=actor) if inst is not None else None
 
     # target_gone: killed (destroyed and confirmed by a re-list, or vanished from a successful list).
     # A destroy re-sent after destroy_unconfirmed targets a row that is not killed (still listed; a
     # confirmed destroy listed again is reopened by fleet.sync), so it is never refused for it.
-    if spec.side_effect and inst is not None and inst.killed_at is not None:
-        return Refusal("target_gone", f"{inst.external_id} is gone ({inst.kill_reason or 'killed'}, {inst.killed_by or 'unknown'})")
+    if spec.side_effect and elig is not None and elig.code == "target_gone":
+        return Refusal(elig.code, elig.detail)
     if spec.side_effect and spec.instance_arg and inst is None:
         ident = str(args.get(spec.instance_arg, ""))[:80]
         return Refusal("target_gone", f"no instance {ident!r} exists (not in the fleet the provider lists, not in our records); "
@@ -229,14 +231,11 @@ def check(tool: str, args: dict, key: str, world, *, batch_prior: list[tuple[str
         return Refusal("priority_required", "launch_instance needs launch_priority P0, P1, P2 or P3")
 
     # owned_host
-    if tool == "destroy_instance" and inst is not None and inst.is_owned_host:
-        return Refusal("owned_host", f"{inst.external_id} is an operator-owned SSH host; it is never destroyed by {actor}")
+    if elig is not None and elig.code == "owned_host":
+        return Refusal(elig.code, elig.detail)
 
-    terminal = False
-    if inst is not None:
-        terminal = is_terminal(inst, world)[0]
-        if tool == "destroy_instance" and inst.destroy_requested_at is not None:
-            terminal = True  # a destroy already decided, re-sent (destroy_unconfirmed): not a new scale-down
+    # a replacement, not a scale-down (terminal, or a destroy already decided and re-sent)
+    terminal = elig is not None and elig.terminal
 
     if tool in SCALE_DOWN_TOOLS and inst is not None and inst.killed_at is None:
         d = world.refresh_demand() if not terminal else world.demand
@@ -246,9 +245,8 @@ def check(tool: str, args: dict, key: str, world, *, batch_prior: list[tuple[str
             if refusal is not None:
                 return refusal
         # owned_tasks: a live worker's tasks (a dead one's owner parks for an operator: forced approval)
-        worker = world.worker_for(inst)
-        if worker is not None and worker.owned_tasks and worker_live(inst, world):
-            return Refusal("owned_tasks", f"{inst.external_id}'s worker owns {worker.owned_tasks} task(s); cordon and drain first")
+        if elig.code == "owned_tasks":
+            return Refusal(elig.code, elig.detail)
         # hold_off
         if not terminal and "hold_off" not in override:
             refusal = hold_refusal(world, d)
@@ -273,10 +271,8 @@ def check(tool: str, args: dict, key: str, world, *, batch_prior: list[tuple[str
 
     # owned_tasks for a reboot: it would kill the tasks a live worker is proving (a dead worker's
     # tasks are stuck anyway — rebooting it is the repair)
-    if tool == "reboot_instance" and inst is not None:
-        worker = world.worker_for(inst)
-        if worker is not None and worker.owned_tasks and worker_live(inst, world):
-            return Refusal("owned_tasks", f"{inst.external_id}'s live worker owns {worker.owned_tasks} task(s); a reboot would lose them")
+    if tool == "reboot_instance" and elig is not None and elig.code == "owned_tasks":
+        return Refusal(elig.code, elig.detail)
 
     prior_launches = sum(1 for t, _ in batch_prior if t == "launch_instance")
     if tool == "launch_instance":

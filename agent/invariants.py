@@ -86,7 +86,7 @@ def call_facts(world, tool: str, args: dict, actor: str) -> dict:
     from agent.capacity import capacity, facts_priority, less_urgent
     from agent.policy import policy_for
     from agent.tool_specs import TOOLS
-    from fleet.lifecycle import is_terminal
+    from fleet.lifecycle import RETIRE_TOOLS, eligibility, is_terminal
 
     d = world.demand
     out: dict = {"demand": None, "target": None}
@@ -120,7 +120,7 @@ def call_facts(world, tool: str, args: dict, actor: str) -> dict:
         else:
             w = world.worker_for(inst)
             try:
-                terminal = bool(is_terminal(inst, world)[0]) or (tool == "destroy_instance" and inst.destroy_requested_at is not None)
+                terminal = eligibility(inst, world, tool).terminal if tool in RETIRE_TOOLS else bool(is_terminal(inst, world)[0])
             except Exception:  # noqa: BLE001
                 terminal = None
             out["target"] = {"id": ident, "status": "gone" if inst.killed_at else inst.status, "terminal": terminal,

@@ -10,7 +10,7 @@ from datetime import timedelta
 
 from agent.models import Approval
 from fleet.clock import clock
-from fleet.lifecycle import blind, is_terminal, worker_live
+from fleet.lifecycle import RETIRE_TOOLS, eligibility
 from fleet.models import DemandSample
 
 
@@ -25,21 +25,13 @@ def forced_approval(tool: str, args: dict, world, *, injected: bool = False) -> 
     """
     if injected:
         return "this run saw instruction-like text (prompt_injection): every side effect needs an operator"
-    if tool not in ("stop_instance", "destroy_instance", "reboot_instance"):
+    if tool not in RETIRE_TOOLS:
         return ""
     inst = world.instance(str(args.get("instance_id", "")))
-    if inst is None or inst.killed_at is not None:
+    if inst is None:
         return ""
-    w = world.worker_for(inst)
-    if w is not None and getattr(w, "identity", ""):
-        return f"{inst.external_id}'s worker identity is in doubt (node_identity): {w.identity}"
-    if tool == "reboot_instance":
-        return ""
-    if w is not None and w.owned_tasks and not worker_live(inst, world):
-        return f"{inst.external_id}'s dead worker still owns {w.owned_tasks} task(s)"
-    if tool == "destroy_instance" and blind(world) and is_terminal(inst, world)[0]:
-        return f"demand is {world.demand.state if world.demand else 'unknown'} (blind): a terminal instance is destroyed only with an operator's approval"
-    return ""
+    # the instance's own reasons are fleet.lifecycle.eligibility's (a refusal there parks nothing)
+    return eligibility(inst, world, tool).park
 
 
 def _demand_kind(sample) -> tuple[bool, int | None]:

@@ -1,6 +1,6 @@
 """Every limit's name, type, default and range, in one typed schema (:class:`Limits`).
 
-The settings page (``console.forms``, through ``agent.actions.validate_overrides``), replay files'
+The settings page (``console.forms``, through ``agent.actions.settings.validate_overrides``), replay files'
 ``objectives`` (``agent.replay.file_format.check_objectives``), the policy merge
 (``agent.policy.effective_limits``) and the loop all read this class. A limit that is not a field
 here is refused where it enters (an operator's override, a file's objective) and when the merged
@@ -39,7 +39,7 @@ class Limits(BaseModel):
     Minutes end in ``_min``, seconds in ``_s``, hours in ``_h``; ``max_dph`` is $/hr. A field's
     ``kind`` (``int``, ``float``, ``pair``, ``ints``) and its range (``low``, ``high``) are what the
     settings page and replay files accept (:data:`LIMIT_RANGES`, checked where a value enters:
-    ``agent.actions.validate_overrides``, ``check_objectives``, :func:`env_problem`);
+    ``agent.actions.settings.validate_overrides``, ``check_objectives``, :func:`env_problem`);
     ``operator=False`` fields are not on the settings page. Construction raises
     ``pydantic.ValidationError`` for an unknown name, a wrong type or a non-finite number (a
     stored value is not range-checked again: tests and benches may set a shorter wall clock).
@@ -87,7 +87,7 @@ class Limits(BaseModel):
     max_instances: int = _int(4, 0, 10_000)
     max_dph: Number = _num(10.0, 0, 100_000)
     startup_grace_s: int = _int(60, 0, 3600)
-    # the session's target (SessionState.target_proofs_hr; set with agent.actions.do_set_target)
+    # the session's target (SessionState.target_proofs_hr; set with agent.actions.session.do_set_target)
     target_proofs_hr: Number = _num(0, 0, MAX_TARGET_PROOFS_HR, operator=False)
 
     @field_validator("repeat_reminders")

@@ -77,7 +77,7 @@ def run_cycle(trigger: str, *, message: str | None = None, actor: str = "system"
     released.
     """
     if message:
-        from agent.actions import do_post_message
+        from agent.actions.runs import do_post_message
 
         do_post_message(message, actor)
     token = acquire_lock()

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
-from agent.actions import EffectNotRecorded
 from agent.breakers import Halt
+from agent.claims import Claimed, run_claimed
 from agent.guards import SCALE_DOWN_TOOLS, Refusal
 from agent.guards import check as guard_check
 from agent.guards import duplicate as duplicate_refusal
@@ -414,11 +414,9 @@ def execute(tc, step: Step, spec, args: dict, key: str, *, outcome: str = "execu
     request whose answer was lost ends ``error``/``outcome_unknown`` after the runtime looked the
     effect up and adopted what exists (``agent.claims.resolve_unknown``) — never re-sent.
     """
-    from agent import claims
-
     limit = tc.limits.observation_max_chars
-    claim = None
-    if spec.side_effect and key:
+    claimed = bool(spec.side_effect and key)
+    if claimed:
         # the trace names the call before it is claimed: a worker that dies mid-call leaves a step
         # the claim's settlement can find (agent.claims) and an operator can read
         step.idempotency_key = key
@@ -428,40 +426,40 @@ def execute(tc, step: Step, spec, args: dict, key: str, *, outcome: str = "execu
             step.save(force_insert=True)
         else:
             step.save(update_fields=["idempotency_key", "args", "call_reason", "facts"])
-        try:
-            claim = claims.open_claim(key=key, tool=spec.name, args=args, instance_ref=str(args.get(spec.instance_arg or "", "")),
-                                      actor=tc.actor, reason=str(args.get("reason", "")))
-        except claims.ClaimRefused as exc:
-            return _finish(step, "refused", exc.code, exc.detail, ok=False)
     timeout = spec.timeout_s or tc.limits.tool_timeout_s
     started = clock.now()
     t0 = clock.monotonic()
-    ctx = ToolContext(run=tc.run, actor=tc.actor, world=tc.world, deadline=t0 + timeout, step=step,
-                      label=claim.label if claim is not None else "")
-    try:
+
+    def act(claim):
+        ctx = ToolContext(run=tc.run, actor=tc.actor, world=tc.world, deadline=t0 + timeout, step=step,
+                          label=claim.label if claim is not None else "")
         payload = with_retries(lambda: spec.body(ctx, args), attempts=tc.limits.retry_attempts, side_effect=spec.side_effect)
         elapsed = clock.monotonic() - t0
         if elapsed > timeout and not spec.side_effect:
             raise ToolError(f"{spec.name} ran {elapsed:.1f}s, past its {timeout:g}s timeout", kind="transient", code="timeout")
-    except ProviderError as exc:
-        if claim is not None and exc.outcome_unknown:
-            return _outcome_unknown(tc, step, claim, exc, t0)
-        return _failed(tc, step, claim, exc, t0)
-    except ToolError as exc:
-        return _failed(tc, step, claim, exc, t0)
-    except EffectNotRecorded as exc:
+        return payload
+
+    # the one claim -> act -> settle path, shared with an operator's instance action (agent.claims)
+    res = run_claimed(act, key=key if claimed else "", tool=spec.name, args=args,
+                      instance_ref=str(args.get(spec.instance_arg or "", "")), actor=tc.actor,
+                      reason=str(args.get("reason", "")), done=lambda payload: ok_observation(payload, limit))
+    if res.status == "refused":
+        return _finish(step, "refused", res.code, res.detail, ok=False)
+    if res.status == "unknown":
+        return _outcome_unknown(tc, step, res, t0)
+    if res.status == "unrecorded":
         # it happened: never reported as a failure (docs/safety.md); an unclosed claim is settled next cycle
-        _done(claim, "done", str(exc))
-        return _finish(step, outcome, "", str(exc), observation=ok_observation({"done": True, "note": str(exc)}, limit), ok=True,
-                       duration_ms=(clock.monotonic() - t0) * 1000)
-    except Exception as exc:  # noqa: BLE001 — the boundary: no tool exception crashes the loop
-        log.exception("tool %s crashed", spec.name)
-        _done(claim, "failed", repr(exc))
+        return _finish(step, outcome, "", str(res.error), observation=ok_observation({"done": True, "note": str(res.error)}, limit),
+                       ok=True, duration_ms=(clock.monotonic() - t0) * 1000)
+    if res.status == "failed":
+        exc = res.error
+        if isinstance(exc, (ProviderError, ToolError)):
+            return _failed(tc, step, exc, t0)
+        log.error("tool %s crashed", spec.name, exc_info=exc)
         return _finish(step, "error", "", f"permanent error ({type(exc).__name__}): {exc}",
                        observation=error_observation(f"permanent error ({type(exc).__name__})", str(exc), limit),
                        ok=False, error_kind="permanent", duration_ms=(clock.monotonic() - t0) * 1000)
-    obs = ok_observation(payload, limit)
-    _done(claim, "done", obs)
+    payload, obs = res.value, res.result
     _finish(step, outcome, "", "", observation=obs, ok=True, duration_ms=(clock.monotonic() - t0) * 1000)
     hits = scan_for_injection(json.dumps(payload, default=str))
     if hits:
@@ -490,43 +488,24 @@ def _call_facts(tc, tool: str, args: dict) -> dict:
         return {"error": f"{type(exc).__name__}: {exc}"[:200]}
 
 
-def _failed(tc, step: Step, claim, exc, t0: float) -> Step:
-    """A tool failed with a known outcome: nothing took effect."""
+def _failed(tc, step: Step, exc, t0: float) -> Step:
+    """A tool failed with a known outcome: nothing took effect (its claim is closed ``failed``)."""
     code = "tool_timeout" if exc.code == "timeout" else (exc.code or exc.kind)
-    _done(claim, "failed", str(exc))
     return _finish(step, "error", code if code == "tool_timeout" else "", f"{exc.kind} error ({exc.code or 'error'}): {exc}",
                    observation=error_observation(f"{exc.kind} error ({exc.code or 'error'})", str(exc), tc.limits.observation_max_chars),
                    ok=False, error_kind=exc.kind, duration_ms=(clock.monotonic() - t0) * 1000)
 
 
-def _outcome_unknown(tc, step: Step, claim: SideEffect, exc: ProviderError, t0: float) -> Step:
-    """The request was sent and its answer lost: look it up, adopt what exists, never re-send
-    (docs/contract.md ``outcome_unknown``; docs/safety.md invariant 10)."""
-    from agent.claims import resolve_unknown
-
-    inst, note = resolve_unknown(claim, actor=tc.actor)
+def _outcome_unknown(tc, step: Step, res: Claimed, t0: float) -> Step:
+    """The request was sent and its answer lost: it was looked up and what exists adopted, never
+    re-sent (``agent.claims.run_claimed``; docs/contract.md ``outcome_unknown``; docs/safety.md invariant 10)."""
+    inst, note, exc = res.instance, res.detail, res.error
     if inst is not None and inst.killed_at is None:
         tc.world.set_instances([*[i for i in tc.world.instances if i.pk != inst.pk], inst])
     detail = f"{step.tool}: {exc.code or exc.kind} after the request was sent ({exc}); its outcome is unknown, so it was not re-sent; {note}"
     return _finish(step, "error", "outcome_unknown", detail,
                    observation=error_observation("outcome_unknown", detail, tc.limits.observation_max_chars),
                    ok=False, error_kind=exc.kind, duration_ms=(clock.monotonic() - t0) * 1000)
-
-
-def _done(claim: SideEffect | None, status: str, result: str) -> None:
-    if claim is None:
-        return
-    from agent.claims import close_claim
-
-    if not close_claim(claim, status, result) and status == "done":
-        # settled as stale while it was still running (past claim_max_age_min), and it did take
-        # effect: say so loudly — an approval sent back to waiting must not be approved again blind
-        from fleet.alerts import raise_alert
-
-        log.warning("claim %s finished after it was settled", claim.pk)
-        raise_alert("stale_claim", f"{claim.tool} {claim.instance_ref or claim.label} (claim {claim.pk}) was settled as "
-                    f"never run, but it finished and took effect: {result[:200]}", severity="P1",
-                    key=f"stale_claim:late:{claim.pk}")
 
 
 def dispatch_approved(tc, approval: Approval) -> Step:

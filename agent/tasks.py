@@ -27,7 +27,7 @@ def observe_cycle(self, trigger: str = "heartbeat", message: str | None = None, 
     from agent.models import Run
 
     if message:  # stored once; a retry finds it waiting in its queued run
-        from agent.actions import do_post_message
+        from agent.actions.runs import do_post_message
 
         do_post_message(message, actor)
     run = run_cycle(trigger, actor=actor, events="take")
@@ -157,7 +157,7 @@ def diagnose_instances(instance_pks: list, workers: dict | None = None, timeout_
 @shared_task(name="agent.tasks.rehearse", acks_late=False, soft_time_limit=3 * 3600, time_limit=3 * 3600 + 60)
 def rehearse(pk: int) -> str:
     """Play the stored rehearsal ``pk`` (``agent.models.Rehearsal``, queued by
-    ``agent.actions.do_start_rehearsal``) on a throwaway database in a child process, storing its
+    ``agent.actions.runs.do_start_rehearsal``) on a throwaway database in a child process, storing its
     progress and outcome on the row (``agent.rehearse.background.play_stored``). Returns the final
     status, ``""`` when the row is gone or was already played. Not retried: a redelivery would play
     the day twice (``acks_late`` off), and a failure is stored on the row, not raised."""

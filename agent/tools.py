@@ -171,7 +171,7 @@ def diagnose_instance(ctx: ToolContext, args: dict) -> dict:
 
 
 def launch_instance(ctx: ToolContext, args: dict) -> dict:
-    from agent.actions import do_launch_instance
+    from agent.actions.instances import do_launch_instance
 
     inst = do_launch_instance(
         gpu_name=args.get("gpu_name") or "", offer_id=args.get("offer_id") or "", actor=ctx.actor, reason=args.get("reason", ""),
@@ -183,7 +183,7 @@ def launch_instance(ctx: ToolContext, args: dict) -> dict:
 
 def _lifecycle(action: str):
     def body(ctx: ToolContext, args: dict) -> dict:
-        from agent.actions import do_instance_action
+        from agent.actions.instances import do_instance_action
 
         inst = _instance(args["instance_id"])
         do_instance_action(inst, action, actor=ctx.actor, reason=args.get("reason", ""))

@@ -18,7 +18,7 @@ instance_state     P1    ``fleet.sync``: any other status change of an instance
 queue_nonempty     P1    the proving queue went from empty to non-empty (``fleet.demo.enqueue``;
                          :func:`note_demand` on the monitor's tick for a real Curio queue)
 alert              P1    ``fleet.alerts.raise_alert``: a new alert fires
-target             P1    ``agent.actions.do_set_target``: the operator changed the target
+target             P1    ``agent.actions.session.do_set_target``: the operator changed the target
 =================  ====  ===============================================================
 
 Debounce, per priority, on the leading edge (all state in Redis, atomic Lua):

@@ -236,7 +236,7 @@ def kill_worker_mid_approval(stack: Stack, row: Row, user) -> None:
 
 
 def kill_worker_mid_run(stack: Stack, row: Row, user) -> None:
-    from agent.actions import do_queue_cycle
+    from agent.actions.runs import do_queue_cycle
     from agent.models import SideEffect
     from agent.tasks import start_cycle
     from fleet import demo

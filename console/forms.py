@@ -12,7 +12,7 @@ from fleet.numbers import NumberError, parse_number
 
 #: the longest value each operator input may have, in characters (docs/safety.md, Input caps and secrets)
 CAPS = {
-    "message": 4000,  # a chat message to the agent (agent.actions.do_post_message checks it too)
+    "message": 4000,  # a chat message to the agent (agent.actions.runs.do_post_message checks it too)
     "reason": 500,  # why: actions, cordon, settings, observe-only, reset, target
     "override_reason": 500,  # why a guard is overridden
     "comment": 2000,  # approval / rejection / alert acknowledgement comment
@@ -179,7 +179,7 @@ class SettingsForm(forms.Form):
     """The settings page: one select per policy key, one input per limit, and why.
 
     Fields are ``policy__<key>`` and ``limits__<key>``; per-priority launch keys may be left
-    empty ("same as launch_instance"). Ranges are checked by ``agent.actions.validate_overrides``
+    empty ("same as launch_instance"). Ranges are checked by ``agent.actions.settings.validate_overrides``
     (the one place), whose errors the view attaches to the field they name.
     """
 
@@ -208,7 +208,7 @@ class SettingsForm(forms.Form):
         policy = {key: (self.cleaned_data[name] or None) for key, name in self.policy_fields}
         limits = {}
         for key, name in self.limit_fields:
-            # the text as typed: ``agent.actions.validate_overrides`` reads numbers and lists by the one
+            # the text as typed: ``agent.actions.settings.validate_overrides`` reads numbers and lists by the one
             # rule (``fleet.numbers``), so "[[6, 600]]" or "1e-320" are refused there, not reshaped here
             limits[key] = self.cleaned_data[name]
         return policy, limits
@@ -260,14 +260,14 @@ class ActiveForm(forms.Form):
 
 
 class SilenceForm(forms.Form):
-    """Silence an alert for one of ``agent.actions.SILENCE_CHOICES`` minutes, saying why (optional)."""
+    """Silence an alert for one of ``agent.actions.alerts.SILENCE_CHOICES`` minutes, saying why (optional)."""
 
     minutes = forms.TypedChoiceField(coerce=int, choices=[], error_messages={
         "required": "choose how long to silence it", "invalid_choice": "choose one of the offered durations"})
     comment = forms.CharField(required=False, max_length=CAPS["comment"], strip=True, error_messages=too_long("comment"))
 
     def __init__(self, *args, **kwargs):
-        from agent.actions import SILENCE_CHOICES
+        from agent.actions.alerts import SILENCE_CHOICES
 
         super().__init__(*args, **kwargs)
         self.fields["minutes"].choices = [(m, m) for m in SILENCE_CHOICES]

@@ -2,7 +2,7 @@
 
 An alert is keyed (``kind`` plus what it is about); raising a key that is already firing or
 acknowledged does nothing, so an episode makes one alert; :func:`resolve` ends the episode when
-the condition clears. A silence (``agent.actions.do_silence_alert``) is on the key: an alert
+the condition clears. A silence (``agent.actions.alerts.do_silence_alert``) is on the key: an alert
 raised again while it lasts is created silenced.
 """
 

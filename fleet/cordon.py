@@ -2,7 +2,7 @@
 on the worker whenever the worker could have lost it.
 
 Curio keeps its cordon bit in ``harmony_machines.unschedulable``; a node that restarts
-re-registers schedulable. So after a reboot or resume (``agent.actions.do_instance_action``) and
+re-registers schedulable. So after a reboot or resume (``agent.actions.instances.do_instance_action``) and
 at every observe (a re-registration can happen any time), :func:`reapply` sets the bit again on
 every cordoned instance's worker. The local provider also starts a cordoned worker with
 ``--cordoned``, so it never claims a task between its start and the next re-application.

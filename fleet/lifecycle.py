@@ -8,12 +8,16 @@ Every number comes from the run's limits (``world.limits``, ``agent.policy.effec
 - :func:`blind` — demand is not ``ok``: Warden cannot see its workers;
 - :func:`worker_live` — a recent heartbeat, and not blind (blind: liveness unknown, not live);
 - :func:`is_terminal` — replace, don't scale down (a live worker is never terminal);
-- :func:`starving` — a pending launch that no longer blocks the next one.
+- :func:`starving` — a pending launch that no longer blocks the next one;
+- :func:`eligibility` — whether an instance may be stopped, destroyed or rebooted now, and
+  whether that is a replacement (terminal) or a scale-down: the one answer the guards, the
+  forced approvals, the monitor, the ``rules`` planner and the ssh provider read.
 
 It lives in ``fleet`` (the lowest layer) because the monitor's rules (``fleet.monitor``) read it;
 ``agent.lifecycle`` keeps what needs the agent's records (forced approval, a rejection that stands).
 """
 
+from dataclasses import dataclass
 from datetime import timedelta
 
 from fleet.clock import clock
@@ -97,3 +101,79 @@ def starving(inst, world) -> bool:
     if blind(world) or not (d.queued or getattr(d, "backlog", 0)) or d.workers_live:
         return False
     return clock.now() - inst.created_at > timedelta(minutes=world.limits.starve_min)
+
+
+#: the tools whose target's eligibility :func:`eligibility` decides
+RETIRE_TOOLS = ("stop_instance", "destroy_instance", "reboot_instance")
+
+
+@dataclass(frozen=True)
+class Eligibility:
+    """:func:`eligibility`'s answer for one (instance, tool).
+
+    ``code``/``detail``: the refusal that applies ('' when none), one of ``target_gone`` (killed),
+    ``owned_host`` (a destroy of an operator-owned host) or ``owned_tasks`` (a live worker owns
+    tasks: they would be lost with it); ``park``: why an operator must approve it whatever the
+    policy says ('' when none: docs/contract.md, Forced approval); ``terminal``/``why``: retiring
+    it replaces a terminal instance (:func:`is_terminal`, or a destroy already decided and
+    re-sent), it is not a scale-down."""
+
+    code: str = ""
+    detail: str = ""
+    park: str = ""
+    terminal: bool = False
+    why: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """No refusal applies (it may still park: :attr:`park`)."""
+        return not self.code
+
+
+def eligibility(inst, world, tool: str, *, actor: str = "agent") -> Eligibility:
+    """When ``inst`` may be stopped, destroyed or rebooted (``tool``), in one place
+    (docs/contract.md: guards ``target_gone``, ``owned_host``, ``owned_tasks``; Terminal; Forced
+    approval).
+
+    ``inst`` is a ``fleet.models.Instance`` (or any object with its fields); ``world`` the cycle's
+    (``agent.observe.World``), or ``None`` where only the record is known (a provider refusing a
+    destroy): then only ``target_gone`` and ``owned_host`` are judged. Any other ``tool`` is judged
+    only for ``target_gone``. In order:
+
+    - killed (destroyed and confirmed, or vanished): ``target_gone``, for every tool;
+    - a destroy of an operator-owned SSH host: ``owned_host``, for every actor;
+    - a live worker that owns tasks (stop, destroy, reboot): ``owned_tasks``;
+    - parks: a worker whose identity is in doubt (``node_identity``: its liveness is unknown);
+      a dead worker that still owns tasks (stop, destroy); a terminal instance destroyed while
+      :func:`blind`.
+
+    Never raises for a missing worker or demand (they make no refusal of their own).
+    """
+    if inst.killed_at is not None:
+        return Eligibility("target_gone", f"{inst.external_id} is gone ({inst.kill_reason or 'killed'}, "
+                                          f"{inst.killed_by or 'unknown'})")
+    terminal, why = is_terminal(inst, world) if world is not None and tool in RETIRE_TOOLS else (False, "")
+    if tool == "destroy_instance" and inst.destroy_requested_at is not None:
+        terminal = True  # a destroy already decided, re-sent (destroy_unconfirmed): not a new scale-down
+        why = why or "destroy already requested"
+    if tool == "destroy_instance" and inst.is_owned_host:
+        return Eligibility("owned_host", f"{inst.external_id} is an operator-owned SSH host; "
+                                         f"it is never destroyed by {actor}", terminal=terminal, why=why)
+    if world is None or tool not in RETIRE_TOOLS:
+        return Eligibility()
+    w = world.worker_for(inst)
+    owned = (w.owned_tasks or 0) if w is not None else 0
+    live = worker_live(inst, world)
+    if owned and live:
+        detail = (f"{inst.external_id}'s live worker owns {owned} task(s); a reboot would lose them"
+                  if tool == "reboot_instance" else f"{inst.external_id}'s worker owns {owned} task(s); cordon and drain first")
+        return Eligibility("owned_tasks", detail, terminal=terminal, why=why)
+    park = ""
+    if w is not None and getattr(w, "identity", ""):
+        park = f"{inst.external_id}'s worker identity is in doubt (node_identity): {w.identity}"
+    elif tool != "reboot_instance" and owned and not live:
+        park = f"{inst.external_id}'s dead worker still owns {owned} task(s)"
+    elif tool == "destroy_instance" and blind(world) and is_terminal(inst, world)[0]:
+        park = (f"demand is {world.demand.state if world.demand else 'unknown'} (blind): a terminal instance "
+                "is destroyed only with an operator's approval")
+    return Eligibility(park=park, terminal=terminal, why=why)

@@ -180,7 +180,7 @@ class Alert(models.Model):
     resolved_reason = models.CharField(max_length=300, blank=True)
     acknowledged_by = models.CharField(max_length=150, blank=True)
     ack_comment = models.TextField(blank=True)
-    # a silence: until then the alert neither notifies nor shows as firing (``agent.actions.do_silence_alert``)
+    # a silence: until then the alert neither notifies nor shows as firing (``agent.actions.alerts.do_silence_alert``)
     silenced_until = models.DateTimeField(null=True, blank=True)
     silenced_by = models.CharField(max_length=150, blank=True)
     silence_comment = models.TextField(blank=True)

@@ -5,8 +5,8 @@ Pure decisions over the cycle's world; ``agent.monitor_runner`` runs them throug
 policy table (``TOOL:monitor`` keys, its own default ``auto``), observe-only switch, guards,
 forced approvals and idempotency as any call:
 
-- a terminal instance is destroyed — terminal as the guards define it, in one place
-  (``fleet.lifecycle.is_terminal``: a live worker is never terminal; ``exited`` only when we
+- a terminal instance is destroyed — which instances may be destroyed, and which are terminal,
+  as the guards define it, in one place (``fleet.lifecycle.eligibility``, ``is_terminal``: a live worker is never terminal; ``exited`` only when we
   wanted it running; ``unknown``/``offline`` only after ``offline_grace_min``; stuck
   provisioning past ``provisioning_limit_min`` with a ``stuck_provisioning`` alert; a failed/host
   diagnosis on evidence from the machine);
@@ -29,7 +29,7 @@ from datetime import timedelta
 from django.conf import settings
 
 from fleet.clock import clock
-from fleet.lifecycle import is_terminal
+from fleet.lifecycle import eligibility
 from fleet.models import PENDING_STATUSES
 
 
@@ -52,7 +52,8 @@ def decide(world, ours: Callable[[set[str]], set[str]] = lambda labels: set()) -
     actions = []
     orphans = _orphans(world, ours)
     for inst in sorted(world.instances, key=lambda i: i.external_id):
-        if inst.killed_at is not None or inst.is_owned_host:
+        elig = eligibility(inst, world, "destroy_instance", actor="monitor")
+        if elig.code in ("target_gone", "owned_host"):  # a live worker's tasks are the guards' to refuse
             continue
         if inst.destroy_requested_at is not None:
             if now - inst.destroy_requested_at > confirm:
@@ -63,7 +64,7 @@ def decide(world, ours: Callable[[set[str]], set[str]] = lambda labels: set()) -
                     ("destroy_unconfirmed", f"{inst.external_id} (${inst.dph:.2f}/hr) still listed {limit:g} min after its destroy"),
                 ))
             continue
-        terminal, why = is_terminal(inst, world)
+        terminal, why = elig.terminal, elig.why
         if not terminal:
             if inst.pk in orphans:
                 if world.fresh_diagnosis(inst) is None:  # the guards want one before any destroy of a non-terminal

@@ -39,7 +39,7 @@ def main(mode: str, *rest: str) -> None:
 
         run_cycle("test")
     elif mode == "post":
-        from agent.actions import do_post_message
+        from agent.actions.runs import do_post_message
 
         do_post_message(rest[0], "user:alice")
     elif mode == "orphan":

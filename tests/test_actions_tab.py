@@ -4,7 +4,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from agent.actions import do_set_observe_only, do_set_target
+from agent.actions.session import do_set_observe_only, do_set_target
 from fleet.audit import do_audit
 from tests.console_support import HX
 

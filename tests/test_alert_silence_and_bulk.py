@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import pytest
 
-from agent.actions import do_ack_alert
+from agent.actions.alerts import do_ack_alert
 from agent.models import Notification
 from fleet.alerts import raise_alert
 from fleet.clock import clock

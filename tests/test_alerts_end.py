@@ -8,7 +8,7 @@ vast.ai and Curio), the observe phase as the loop runs it.
 import pytest
 from django.contrib.auth.models import User
 
-from agent.actions import do_save_notification_settings
+from agent.actions.notifications import do_save_notification_settings
 from agent.models import Notification, Run
 from agent.observe import lifecycle_alerts, observe
 from agent.policy import effective_limits, effective_policy

@@ -6,7 +6,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from agent.actions import do_ack_alert
+from agent.actions.alerts import do_ack_alert
 from fleet.alerts import raise_alert, resolve
 from fleet.clock import clock
 from fleet.models import Alert, AuditLog, Instance

@@ -14,7 +14,7 @@ import contextlib
 import pytest
 from django.db import connections
 
-from agent.actions import do_launch_instance
+from agent.actions.instances import do_launch_instance
 from agent.approvals import do_decide
 from agent.loop import resume_run, run_cycle
 from agent.models import Approval

@@ -4,7 +4,7 @@ approved in the browser and executes once.
 Real parts: daphne (``ChannelsLiveServerTestCase``), the Redis channel layer (own prefix), a Celery
 worker subprocess on the test databases that runs every cycle and the resume, the ``local``
 provider (a real demo worker process, launched as the product launches one:
-``agent.actions.do_launch_instance`` by ``user:alice``), the ``local`` demand source (HarmonyDB,
+``agent.actions.instances.do_launch_instance`` by ``user:alice``), the ``local`` demand source (HarmonyDB,
 empty queue) and Chromium (``/usr/bin/chromium``) driven by Playwright. The planner is the
 default one (rules); the policy is the default one (``stop_instance``: approval).
 
@@ -65,7 +65,7 @@ class TestIdleStopInABrowser(FleetBrowserTestCase):
 
     def launch_idle_worker(self) -> Instance:
         """One real worker process, recorded as the product records a launch; waits for its heartbeat."""
-        from agent.actions import do_launch_instance
+        from agent.actions.instances import do_launch_instance
 
         inst = do_launch_instance(gpu_name="local-cpu", actor="user:alice", reason="a worker for the idle-stop test")
         assert inst.status == "running" and inst.pid, (inst.status, inst.status_msg)

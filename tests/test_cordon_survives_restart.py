@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from agent.actions import do_cordon, do_instance_action, do_launch_instance
+from agent.actions.instances import do_cordon, do_instance_action, do_launch_instance
 from agent.models import SessionState
 from agent.observe import observe
 from agent.policy import effective_limits, effective_policy

@@ -9,7 +9,7 @@ no demo hint is shown for a real Curio.
 import pytest
 from django.db import connections
 
-from agent.actions import do_cordon
+from agent.actions.instances import do_cordon
 from agent.guards import check
 from agent.observe import World, read_and_record_demand
 from agent.policy import effective_limits, effective_policy

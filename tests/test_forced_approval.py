@@ -6,7 +6,7 @@ actor, the operator's own fleet-page action included."""
 
 import pytest
 
-from agent.actions import ActionRefused, do_operator_instance_action
+from agent.actions.instances import ActionRefused, do_operator_instance_action
 from agent.models import Approval
 from fleet.models import Instance
 from tests.rails_support import calls, extra_tool, fleet_entry, rails_world, verdict

@@ -8,7 +8,7 @@ once per episode however many cycles see it. An instance we stopped ourselves ra
 import pytest
 from django.core.management import call_command
 
-from agent.actions import do_instance_action, do_launch_instance
+from agent.actions.instances import do_instance_action, do_launch_instance
 from agent.loop import run_cycle
 from agent.planners.script import ScriptPlanner
 from fleet.models import Alert, Instance

@@ -8,7 +8,7 @@ import pytest
 from django.db import connections
 from django.test.utils import CaptureQueriesContext
 
-from agent.actions import do_ack_alert
+from agent.actions.alerts import do_ack_alert
 from fleet.alerts import raise_alert
 from fleet.audit import do_audit
 from fleet.clock import clock

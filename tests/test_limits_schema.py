@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from agent.actions import OverrideError, validate_overrides
+from agent.actions.settings import OverrideError, validate_overrides
 from agent.limits import DEFAULT_LIMITS, LIMIT_RANGES, MAX_TARGET_PROOFS_HR, Limits, default
 from agent.replay.file_format import check_objectives
 

@@ -4,7 +4,8 @@ from datetime import timedelta
 
 import pytest
 
-from agent.actions import do_post_message, do_reset_session
+from agent.actions.runs import do_post_message
+from agent.actions.session import do_reset_session
 from agent.approvals import DecisionError, do_decide
 from agent.loop import acquire_lock, release_lock, resume_run, run_cycle
 from agent.models import Approval, Run, SessionState, SideEffect

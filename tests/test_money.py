@@ -115,7 +115,7 @@ def test_the_chat_asks_for_one_more_worker_while_the_need_is_met(client, alice, 
 
 
 def test_the_scale_down_budget_objectives_are_checked():
-    from agent.actions import OverrideError, validate_overrides
+    from agent.actions.settings import OverrideError, validate_overrides
     from agent.replay.file_format import check_objectives
 
     assert check_objectives({"retire_window_min": 30, "retire_budget_pct": 25})
@@ -161,7 +161,7 @@ def test_parked_stops_count_and_a_rejected_one_stops_counting(client, alice):
 def test_the_monitor_and_an_operator_are_outside_the_budget():
     """The budget binds the agent: an operator's own stop through the console's action goes past
     a spent budget (their decision), and the budget never counts a call that is not the agent's."""
-    from agent.actions import do_instance_action
+    from agent.actions.instances import do_instance_action
     from fleet.models import Instance
 
     ids = ["v-1", "v-2"]

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from agent.actions import do_save_notification_settings
+from agent.actions.notifications import do_save_notification_settings
 from agent.models import Notification
 from agent.notifications import deliver
 from fleet.models import AuditLog

@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from agent.actions import do_save_notification_settings
+from agent.actions.notifications import do_save_notification_settings
 from agent.models import Notification
 from agent.notifications import deliver, reference_status
 

@@ -9,7 +9,8 @@ from datetime import timedelta
 import pytest
 from django.contrib.auth.models import User
 
-from agent.actions import do_save_notification_settings, do_silence_alert
+from agent.actions.alerts import do_silence_alert
+from agent.actions.notifications import do_save_notification_settings
 from agent.loop import expire_approvals, run_cycle
 from agent.models import Approval, Notification
 from agent.notifications import scan

@@ -4,7 +4,7 @@ raised instead of failing or sending), so the subject is the message on one line
 
 import pytest
 
-from agent.actions import do_save_notification_settings
+from agent.actions.notifications import do_save_notification_settings
 from agent.models import Notification
 from agent.notifications import deliver
 from fleet.alerts import raise_alert

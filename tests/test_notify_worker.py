@@ -4,7 +4,7 @@
 import pytest
 from django.db import transaction
 
-from agent.actions import do_save_notification_settings
+from agent.actions.notifications import do_save_notification_settings
 from agent.models import Notification
 from fleet.alerts import raise_alert
 from fleet.models import AuditLog

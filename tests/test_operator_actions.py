@@ -2,7 +2,7 @@
 
 import pytest
 
-from agent.actions import ActionRefused, do_operator_instance_action
+from agent.actions.instances import ActionRefused, do_operator_instance_action
 from fleet.clock import clock
 from fleet.models import AuditLog, Diagnosis, Instance
 from tests.scenario_world import entry, scenario_world

@@ -14,7 +14,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from agent.actions import OverrideError, validate_overrides
+from agent.actions.settings import OverrideError, validate_overrides
 from agent.models import SessionState
 from agent.replay import ScenarioFileError, load_scenario
 from fleet.harmony import HarmonyTask

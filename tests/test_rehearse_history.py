@@ -16,7 +16,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from agent.actions import do_set_target, do_update_overrides
+from agent.actions.session import do_set_target
+from agent.actions.settings import do_update_overrides
 from agent.models import Approval, Run, SessionState, Step
 from agent.rehearse.day import parse_day
 from agent.rehearse.history import HistoryError, apply_change, day_from_history, parse_span

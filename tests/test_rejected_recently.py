@@ -95,7 +95,7 @@ def test_it_binds_that_tool_on_that_instance_only():
 
 
 def test_an_operator_acting_by_hand_is_not_bound_by_it():
-    from agent.actions import do_operator_instance_action
+    from agent.actions.instances import do_operator_instance_action
     from fleet.models import Instance
 
     with rails_world(fleet(), CALM) as w:

@@ -4,7 +4,7 @@ provider's at the click: the operator's action lists the fleet right before the 
 
 import pytest
 
-from agent.actions import ActionRefused, do_operator_instance_action
+from agent.actions.instances import ActionRefused, do_operator_instance_action
 from fleet.models import Instance
 from tests.scenario_world import entry, scenario_world
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from agent.actions import do_update_overrides
+from agent.actions.settings import do_update_overrides
 from agent.approvals import do_decide
 from agent.loop import run_cycle
 from agent.models import Approval, Run

@@ -4,7 +4,7 @@ audited override (who, why); bad input names the field and saves nothing."""
 
 import pytest
 
-from agent.actions import OverrideError, do_update_overrides
+from agent.actions.settings import OverrideError, do_update_overrides
 from agent.limits import DEFAULT_LIMITS
 from agent.models import SessionState
 from agent.policy import effective_limits, effective_policy

@@ -208,7 +208,7 @@ class RentedProvider(Provider):
 @pytest.mark.slow
 @DB
 def test_owned_hosts_run_beside_a_rented_provider_owned_first(hosts, settings):
-    from agent.actions import do_launch_instance
+    from agent.actions.instances import do_launch_instance
 
     rented = RentedProvider()
     fleet = WithOwnedHosts(rented, SSHProvider())

@@ -4,7 +4,7 @@ message naming the problem; the stored target and the audit log are untouched.""
 
 import pytest
 
-from agent.actions import do_set_target
+from agent.actions.session import do_set_target
 from agent.models import SessionState
 from fleet.models import AuditLog
 from tests.console_support import HX

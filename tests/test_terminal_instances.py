@@ -128,6 +128,6 @@ def test_the_monitor_and_the_guards_share_one_definition():
     from agent.planners import rules
     from fleet import lifecycle
 
-    assert guards.is_terminal is lifecycle.is_terminal is rules.is_terminal is fleet.monitor.is_terminal
+    assert guards.eligibility is lifecycle.eligibility is rules.eligibility is fleet.monitor.eligibility
 
     assert "TERMINAL_STATUSES" not in vars(fleet.monitor)  # no second list of statuses

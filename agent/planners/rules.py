@@ -34,7 +34,7 @@ from agent.pipeline import MAX_BATCH_CALLS
 from agent.planners.base import Planner, Proposal, Turn
 from agent.policy import is_forbidden
 from fleet.clock import clock
-from fleet.lifecycle import from_machine, is_terminal
+from fleet.lifecycle import eligibility, from_machine
 
 
 @dataclass
@@ -66,9 +66,11 @@ def sizing(world) -> Sizing:
     launches and resumes with the same function, not a copy."""
     from agent.capacity import facts_priority, need_for
 
+    # destroyable (fleet.lifecycle.eligibility: not gone, not an owned host) and terminal; one
+    # already being destroyed is the monitor's (destroy_unconfirmed)
     terminal = [
         i for i in world.instances
-        if i.killed_at is None and is_terminal(i, world)[0] and not i.is_owned_host and i.destroy_requested_at is None
+        if i.destroy_requested_at is None and (e := eligibility(i, world, "destroy_instance")).ok and e.terminal
     ]
     need = need_for(world)
     cap = need.capacity
@@ -181,10 +183,11 @@ class RulesPlanner(Planner):
             return []
         out = []
         for inst in world.instances:
-            if inst.killed_at or inst.is_owned_host or is_terminal(inst, world)[0]:
-                continue
-            w = world.worker_for(inst)
-            if w is not None and w.owned_tasks:
+            # fleet.lifecycle.eligibility: not gone, no live worker's tasks, not terminal (that is a
+            # replacement), and nothing that would park it for an operator (a dead worker's tasks,
+            # a worker whose identity is in doubt). An owned host is not retired: it costs no rent.
+            e = eligibility(inst, world, "stop_instance")
+            if inst.is_owned_host or not e.ok or e.park or e.terminal:
                 continue
             if inst.status == "running":
                 out.append(inst)
@@ -195,7 +198,7 @@ class RulesPlanner(Planner):
         calls: list[Proposal] = []
         size = sizing(world)
         for inst in size.terminal:
-            why = is_terminal(inst, world)[1]
+            why = eligibility(inst, world, "destroy_instance").why
             calls.append(Proposal("destroy_instance", {"instance_id": inst.external_id, "reason": f"terminal: {why}"}))
             diag = world.fresh_diagnosis(inst)
             if why.startswith("diagnosed failed (host)") and diag is not None:

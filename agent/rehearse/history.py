@@ -294,7 +294,7 @@ def _target_at(start, end, now_target: float) -> float:
 def objectives_and_policy(state=None) -> tuple[dict, dict]:
     """The limits and the policy table in force (``agent.policy``), as a day file's ``objectives`` and
     ``policy`` take them (the replay file's keys, docs/replay.md)."""
-    from agent.actions import policy_keys
+    from agent.actions.settings import policy_keys
     from agent.limits import Limits
     from agent.models import SessionState
     from agent.policy import effective_limits, effective_policy
@@ -366,7 +366,7 @@ def day_from_history(hours: float = 24, *, now: datetime | None = None, name: st
 
 def apply_change(day: dict, policy: dict, limits: dict) -> dict:
     """``day`` with a settings change applied (the Settings page's form, as
-    ``agent.actions.validate_overrides`` cleaned it): each limit into ``objectives``, each policy key
+    ``agent.actions.settings.validate_overrides`` cleaned it): each limit into ``objectives``, each policy key
     into ``policy`` (``None``: back to the default, the key removed). A new dict; ``day`` is kept."""
     out = json.loads(json.dumps(day))
     for key, value in (limits or {}).items():

@@ -239,7 +239,7 @@ class Rehearsal:
         return (a.created_at - self.day.start).total_seconds()
 
     def set_target(self, change) -> None:
-        from agent.actions import do_set_target
+        from agent.actions.session import do_set_target
 
         do_set_target(float(change.target_proofs_hr), f"user:{OPERATOR_USERNAME}", "rehearsal: the day's target change")
         self.markers.append({"at_s": round(change.at_h * 3600), "kind": "target", "detail": f"target {change.target_proofs_hr:g}/hr"})

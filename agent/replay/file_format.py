@@ -572,7 +572,7 @@ def check_objectives(v: dict) -> dict:
     numbers ``offline_grace_min`` … at most 10^6 minutes); ``target_proofs_hr`` at most
     ``MAX_TARGET_PROOFS_HR`` (10^6, the operator's cap).
     """
-    from agent.actions import OverrideError, validate_overrides
+    from agent.actions.settings import OverrideError, validate_overrides
 
     allowed = set(Limits.model_fields)
     for key, value in v.items():

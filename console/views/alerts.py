@@ -9,13 +9,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 from django_htmx.http import trigger_client_event
 
-from agent.actions import (
-    SILENCE_CHOICES,
-    do_ack_alert,
-    do_ack_alerts,
-    do_silence_alert,
-    do_unsilence_alert,
-)
+from agent.actions.alerts import SILENCE_CHOICES, do_ack_alert, do_ack_alerts, do_silence_alert, do_unsilence_alert
 from console.forms import (
     AckForm,
     SilenceForm,

@@ -14,11 +14,8 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 from django_htmx.http import trigger_client_event
 
-from agent.actions import (
-    do_audit,
-    do_post_message,
-    do_set_target,
-)
+from agent.actions.runs import do_post_message
+from agent.actions.session import do_set_target
 from agent.models import Run, SessionState, Step
 from agent.planners.base import without_verdicts
 from console.forms import (
@@ -38,6 +35,7 @@ from console.views.common import (
 )
 from console.views.fleet import FLEET_ON_DASHBOARD, fleet_context
 from console.views.runs import runs_context
+from fleet.audit import do_audit
 from fleet.clock import clock
 from fleet.models import BILLABLE_STATUSES, PENDING_STATUSES, AuditLog, DemandSample, Instance
 
@@ -347,7 +345,7 @@ def observe_now(request: HtmxHttpRequest) -> HttpResponse:
     broker is down, the next heartbeat cycle runs it."""
     from django.db import transaction
 
-    from agent.actions import do_queue_cycle
+    from agent.actions.runs import do_queue_cycle
     from agent.tasks import start_cycle
 
     actor = actor_of(request)

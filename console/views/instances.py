@@ -13,12 +13,8 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 from django_htmx.http import trigger_client_event
 
-from agent.actions import (
-    ActionRefused,
-    EffectNotRecorded,
-    do_cordon,
-    do_operator_instance_action,
-)
+from agent.actions.instances import ActionRefused, do_cordon, do_operator_instance_action
+from agent.claims import EffectNotRecorded
 from console.forms import (
     InstanceActionForm,
 )

@@ -12,7 +12,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods
 
-from agent.actions import do_save_notification_settings
+from agent.actions.notifications import do_save_notification_settings
 from agent.models import Notification, NotificationSettings
 from agent.notifications import KINDS, check_webhook_ref, reference_status
 from console.templatetags.console_extras import can_act

@@ -325,9 +325,10 @@ def rehearse_change(request: HtmxHttpRequest) -> HttpResponse:
     form as posted, checked as saving checks it but not saved, applied to the day file of the last
     ``rehearse_hours`` (24, the default, 6 or 1) of this installation's records
     (``agent.rehearse.history``), stored and started as a
-    rehearsal (``agent.actions.do_start_rehearsal``). htmx: a line linking the rehearsal's page (or
+    rehearsal (``agent.actions.runs.do_start_rehearsal``). htmx: a line linking the rehearsal's page (or
     naming what was wrong); without JavaScript: a redirect to that page, or 400 with the error."""
-    from agent.actions import OverrideError, do_start_rehearsal, validate_overrides
+    from agent.actions.runs import do_start_rehearsal
+    from agent.actions.settings import OverrideError, validate_overrides
     from agent.models import SessionState
     from agent.rehearse.day import DayFileError
     from agent.rehearse.history import HistoryError, apply_change, day_from_history, objectives_and_policy

@@ -9,14 +9,8 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods
 from django_htmx.http import trigger_client_event
 
-from agent.actions import (
-    OverrideError,
-    baseline_settings,
-    do_reset_session,
-    do_set_observe_only,
-    do_update_overrides,
-    policy_keys,
-)
+from agent.actions.session import do_reset_session, do_set_observe_only
+from agent.actions.settings import OverrideError, baseline_settings, do_update_overrides, policy_keys
 from agent.limits import LIMIT_RANGES
 from agent.models import SessionState
 from agent.policy import effective_limits, effective_policy, unattended

@@ -45,6 +45,8 @@ from pathlib import Path
 from django.conf import settings
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from fleet.lifecycle import eligibility
+from fleet.models import Instance
 from fleet.providers.base import Provider, ProviderError, ProviderInstance
 from fleet.ssh import InstanceHostKeys, SSHRunner, Unreachable
 
@@ -310,9 +312,11 @@ class SSHProvider(Provider):
             raise ProviderError(f"{h.name}: restart: start exited {rc2}: {text2.strip()[-300:]}", code="command_failed")
 
     def destroy(self, external_id: str) -> None:
-        """Refused, always: an owned host is never destroyed (docs/contract.md, guard ``owned_host``)."""
-        raise ProviderError(f"{external_id} is an operator-owned SSH host: it is never destroyed; stop its worker, or "
-                            f"remove it from {HOSTS_FILE_ENV} to retire it", kind="permanent", code="owned_host")
+        """Refused, always: every host here is operator-owned, and an owned host is never destroyed
+        (``fleet.lifecycle.eligibility``, docs/contract.md guard ``owned_host``)."""
+        elig = eligibility(Instance(provider="ssh", external_id=external_id), None, "destroy_instance", actor="the ssh provider")
+        raise ProviderError(f"{elig.detail}; stop its worker, or remove it from {HOSTS_FILE_ENV} to retire it",
+                            kind="permanent", code=elig.code)
 
     def command_runner(self, instance):
         """SSH to the configured host with its own user and key (diagnostics); ``None`` when the

@@ -175,7 +175,7 @@ def stop_local_workers() -> list[str]:
     They are destroyed, not left ``stopped``: a demo worker holds nothing worth keeping, and the
     next ``make run`` sees them gone (killed) and launches what demand needs. Returns their ids.
     """
-    from agent.actions import do_instance_action
+    from agent.actions.instances import do_instance_action
     from fleet.models import Instance
     from fleet.providers.local import LocalProvider
 
