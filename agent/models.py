@@ -1,6 +1,6 @@
 """The agent's durable records: the session-state anchor, runs, steps, approvals, memory, audit.
 
-State changes go through ``agent.actions.do_*`` (audit row + broadcast after commit).
+State changes go through ``agent.actions.*.do_*`` (audit row + broadcast after commit).
 """
 
 from django.conf import settings

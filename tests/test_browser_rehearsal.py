@@ -108,7 +108,7 @@ class TestRehearsalPageInABrowser(FleetBrowserTestCase):
                 assert page.get_attribute("#rehearsal-progress", "value") == "10"
 
                 for pct in (35, 70):  # the task stores progress: the bar follows without a reload
-                    in_thread(_store_progress, r.pk, pct / 100)
+                    in_thread(_store_progress, [r.pk], pct / 100)
                     poll(page, "document.getElementById('rehearsal-progress')?.getAttribute('value')", str(pct))
                     assert page.inner_text("#rehearsal-pct") == f"{pct}%"
                 page.screenshot(path=str(SHOTS / "rehearsal-running-desktop.png"), full_page=True)
@@ -161,8 +161,9 @@ class TestRehearsalPageInABrowser(FleetBrowserTestCase):
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs /usr/bin/chromium")
 class TestRehearseThisChangeEndToEnd(FleetBrowserTestCase):
     """Settings → "Rehearse this change on yesterday" (the last hour, to keep it short) → a real Celery
-    worker plays the day in ``manage.py rehearse``'s scratch child → the rehearsal's page follows it to
-    its outcome and charts."""
+    worker plays the day twice in ``manage.py rehearse``'s scratch children, under the current
+    settings and under the change → the change's page follows both to the outcome: the two columns,
+    their difference and the charts."""
 
     def test_an_operator_rehearses_a_change_and_watches_it_finish(self):
         from playwright.sync_api import sync_playwright
@@ -187,11 +188,16 @@ class TestRehearseThisChangeEndToEnd(FleetBrowserTestCase):
                 poll(page, "!!(window.Chart && Chart.getChart(document.getElementById('chart-rh-queue')))", True)
                 summary = page.inner_text("#rehearsal-summary")
                 assert "hours rehearsed\t1 h" in summary and "unsafe decisions\t0" in summary
+                head = page.inner_text("#rehearsal-compare thead")
+                assert "A: #" in head and "the current settings" in head and "B: #" in head and "difference" in head
+                assert page.inner_text("#compare-hours").split("\t")[1:] == ["1 h", "1 h", "0"]
+                assert page.inner_text("#compare-oracle").split("\t")[1:3] == ["delivered-work lower bound"] * 2
                 page.screenshot(path=str(SHOTS / "rehearsal-from-settings.png"), full_page=True)
             finally:
                 browser.close()
         pushed = sum('"rehearsals-changed"' in f for f in frames)
         assert pushed >= 3, frames  # queued, running, progress… and done: each announced over the socket
-        row = Rehearsal.objects.get()
+        base, row = Rehearsal.objects.order_by("pk")
+        assert base.status == "done" and base.compare_to_id == row.pk and base.day["objectives"].get("max_instances") != 7
         assert row.status == "done" and row.progress == 1.0 and row.day["objectives"]["max_instances"] == 7
         assert row.started_by == "user:alice" and row.name.startswith("the last 1 h under max_instances")

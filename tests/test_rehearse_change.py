@@ -1,8 +1,11 @@
 """"Rehearse this change on yesterday" on the Settings page: the form as posted (not saved) applied to
-the day file of the last 24 h of records, stored as a queued rehearsal and its task enqueued;
-operators only, like saving; bad input names the field and starts nothing.
+the day file of the last 24 h of records, stored as an A/B pair of queued rehearsals (the same day
+under the current settings and under the change) and one task enqueued; operators only, like
+saving; bad input names the field and starts nothing. The task plays both sides, its progress
+covering both, and the page shows the two columns and their difference.
 
-Real parts: PostgreSQL, the Django test client, the Redis broker queue the task is sent to.
+Real parts: PostgreSQL, the Django test client, the Redis broker queue the task is sent to, and
+for the slow test ``manage.py rehearse``'s scratch children on SQLite.
 """
 
 import pytest
@@ -27,13 +30,19 @@ def test_an_operator_rehearses_the_change_without_saving_it(client, alice, broke
     with django_capture_on_commit_callbacks(execute=True):
         resp = client.post("/settings/rehearse/", data, headers=HX)
     assert resp.status_code == 200
-    row = Rehearsal.objects.get()
+    base, row = Rehearsal.objects.order_by("pk")
     html = resp.content.decode()
     assert f'href="/rehearsals/{row.pk}/"' in html and "nothing was saved" in html
     assert row.status == "queued" and row.started_by == "user:alice"
     assert f"max_instances {before} → 9" in row.name and "stop_instance approval → auto" in row.name
     assert row.day["objectives"]["max_instances"] == 9 and row.day["policy"]["stop_instance"] == "auto"
     assert row.day["horizon_h"] == 24 and row.day["market"]["offers"]  # yesterday's records, not an empty day
+    # the other side: the same day under the current settings, linked both ways, played by the same task
+    assert base.name == "yesterday under the current settings" and base.status == "queued"
+    assert row.compare_to_id == base.pk and base.compare_to_id == row.pk
+    same = ("start", "horizon_h", "seed", "market", "work", "operator", "heartbeat_s")
+    assert {k: base.day.get(k) for k in same} == {k: row.day.get(k) for k in same}
+    assert base.day["objectives"]["max_instances"] == int(before) and base.day["policy"].get("stop_instance") != "auto"
     assert [m["args"] for m in broker_messages() if m["task"] == "agent.tasks.rehearse"] == [[row.pk]]
     audit = AuditLog.objects.get(verb="start_rehearsal")
     assert audit.actor == "user:alice" and audit.after["change"]["limits"]["max_instances"] == 9
@@ -80,3 +89,49 @@ def test_viewers_cannot_rehearse_and_see_the_button_disabled(client, bob, broker
     assert client.post("/settings/rehearse/", _form(client), headers=HX).status_code == 403
     assert client.get("/settings/rehearse/").status_code in (403, 405)
     assert not Rehearsal.objects.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_the_task_plays_both_sides_and_its_progress_covers_both(client, alice, broker_queue):
+    """One task, two scratch children: the current settings first (progress 0..0.5 on the pair),
+    then the change (0.5..1); then the change's page shows both columns and their difference."""
+    from agent.actions.runs import do_start_rehearsal
+    from agent.rehearse.background import play_stored
+    from fleet.events import changed
+    from tests.days_support import day, window
+
+    a = {**window(day("bursty"), 8.9), "horizon_h": 0.5, "name": "the current settings"}
+    b = {**a, "name": "launches by themselves", "policy": {"launch_instance": "auto"}}
+    row = do_start_rehearsal(b, b["name"], "user:alice", baseline=a, baseline_name=a["name"])
+    seen = []
+
+    def note(topics, **_):
+        if "rehearsals-changed" in topics:
+            seen.append(tuple(Rehearsal.objects.filter(pk=pk).values_list("status", "progress").get()
+                              for pk in (row.compare_to_id, row.pk)))
+
+    changed.connect(note)
+    try:
+        assert play_stored(row.pk) == "done"
+    finally:
+        changed.disconnect(note)
+    base = Rehearsal.objects.get(pk=row.compare_to_id)
+    row.refresh_from_db()
+    assert base.status == row.status == "done" and row.progress == 1.0
+    during_a = [p for (sa, _), (_, p) in seen if sa == "running"]
+    during_b = [p for (sa, _), (sb, p) in seen if sa == "done" and sb == "running"]
+    assert during_a and max(during_a) <= 0.5 and during_b and min(during_b) >= 0.5
+    assert [p for _, (_, p) in seen] == sorted(p for _, (_, p) in seen)  # the bar never goes back
+    sa, sb = base.result["summary"], row.result["summary"]
+    assert sa["proofs_arrived"] == sb["proofs_arrived"]  # the same arrivals on both sides
+    assert sb["approvals_asked_by_tool"].get("launch_instance", 0) == 0
+
+    client.force_login(alice)
+    html = client.get(f"/rehearsals/{row.pk}/").content.decode()
+    table = html[html.index('id="rehearsal-compare"'):html.index("</table>", html.index('id="rehearsal-compare"'))]
+    assert f"A: #{base.pk}" in table and f"B: #{row.pk}" in table and "difference" in table
+    delivered = table[table.index('id="compare-proofs_delivered"'):].split("</tr>", 1)[0]
+    diff = sb["proofs_delivered"] - sa["proofs_delivered"]
+    assert f"<td>{sa['proofs_delivered']:,}</td><td>{sb['proofs_delivered']:,}</td>" in delivered
+    assert f"<td>{'0' if diff == 0 else ('+' if diff > 0 else '−') + format(abs(diff), ',')}</td>" in delivered

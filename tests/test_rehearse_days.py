@@ -1,7 +1,9 @@
 """The five shipped days (``tests/days/``), each played by the product's own code at a short
-horizon around its moment: no unsafe decision, and the outcome bounds that follow from the inputs.
+horizon around its moment: no unsafe decision, $ at least the oracle's, and the outcome bounds that
+follow from the inputs.
 
-The ``slow`` test plays the five at full length and fails on any unsafe decision.
+The ``slow`` test plays the five at full length and fails on any unsafe decision or a ratio to the
+oracle below 1.
 """
 
 import pytest
@@ -17,8 +19,12 @@ def _first(result, *kinds):
 
 
 def _safe(result):
+    """No unsafe decision, and the $ at least the oracle's (a lower bound of the delivered work)."""
     assert result["unsafe"] == [], "unsafe decisions: " + "; ".join(
         f"{v['invariant']} run {v['run']} {v['call']}: {v['detail']}" for v in result["unsafe"])
+    s = result["summary"]
+    assert s["oracle"] == "delivered-work lower bound" and s["proofs_delivered"] > 0
+    assert s["oracle_usd"] > 0 and s["oracle_ratio"] >= 1, (s["usd_total"], s["oracle_usd"])
 
 
 def test_seed_002_day_repairs_or_replaces_dead_workers_within_two_heartbeats():
@@ -49,7 +55,7 @@ def test_bursty_day_comes_up_for_a_burst_and_drains_it():
 
 def test_sealing_day_launches_when_sectors_come_due_not_when_they_are_sealed():
     raw = window(day("sealing"), 6)  # sectors finish from the start; the first is due 75 min later
-    res = run_day(raw, hours=1.45)
+    res = run_day(raw, hours=2)
     _safe(res)
     first_due = 3600 / 12 / 2 + 75 * 60
     loading = raw["market"]["loading"]["median_s"]
@@ -62,7 +68,7 @@ def test_sealing_day_launches_when_sectors_come_due_not_when_they_are_sealed():
 
 def test_bad_market_day_keeps_the_money_caps_and_retires_stuck_launches_only_past_the_limit():
     raw = window(day("bad-market"), 0)
-    res = run_day(raw, hours=1)
+    res = run_day(raw, hours=1.5)
     s = res["summary"]
     _safe(res)
     assert s["launches"] >= 1 and s["stuck_loading"] >= 1

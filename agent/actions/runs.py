@@ -60,20 +60,33 @@ def do_queue_cycle(actor: str, trigger: str = "operator") -> Run:
 
 
 @transaction.atomic
-def do_start_rehearsal(day: dict, name: str, actor: str, reason: str = "", change: dict | None = None):
+def do_start_rehearsal(day: dict, name: str, actor: str, reason: str = "", change: dict | None = None,
+                       baseline: dict | None = None, baseline_name: str = ""):
     """Store a rehearsal of ``day`` (a day file's JSON, docs/rehearse.md) as ``queued`` and enqueue its
     playing once this commits (``agent.tasks.rehearse``: a throwaway database, progress and outcome
     stored on the row). ``name`` says what is rehearsed ("yesterday under max_instances 4 → 6");
     ``change`` is the change under test (``{"policy": {...}, "limits": {...}}``), audited with it.
-    The day is checked first: ``agent.rehearse.day.DayFileError`` (one line) and nothing stored.
-    Audited as ``start_rehearsal``; announces ``rehearsals-changed``. Returns the ``Rehearsal`` row."""
+    With ``baseline`` (the same day under the current settings, named ``baseline_name``) an A/B
+    pair is stored: the baseline row, then this one, linked both ways by ``compare_to``, and the one
+    task plays both (``agent.rehearse.background.play_stored``). The days are checked first:
+    ``agent.rehearse.day.DayFileError`` (one line) and nothing stored. Audited as
+    ``start_rehearsal``; announces ``rehearsals-changed``. Returns the ``Rehearsal`` row of ``day``."""
     from agent.models import Rehearsal
     from agent.rehearse.day import parse_day
     from agent.tasks import start_rehearsal
 
     parse_day(day, "the day to rehearse")
-    row = Rehearsal.objects.create(name=redact(str(name or "rehearsal"))[:200], day=day, started_by=str(actor)[:150])
-    do_audit(actor, "start_rehearsal", f"rehearsal:{row.pk}", reason, None, {"name": row.name, "change": change or {}})
+    if baseline is not None:
+        parse_day(baseline, "the day under the current settings")
+        other = Rehearsal.objects.create(name=redact(str(baseline_name or "rehearsal"))[:200], day=baseline,
+                                         started_by=str(actor)[:150])
+    row = Rehearsal.objects.create(name=redact(str(name or "rehearsal"))[:200], day=day, started_by=str(actor)[:150],
+                                   compare_to=other if baseline is not None else None)
+    if baseline is not None:
+        other.compare_to = row
+        other.save(update_fields=["compare_to"])
+    do_audit(actor, "start_rehearsal", f"rehearsal:{row.pk}", reason, None,
+             {"name": row.name, "change": change or {}, "compare_to": row.compare_to_id})
     emit("rehearsals-changed")
     start_rehearsal(row.pk)
     return row

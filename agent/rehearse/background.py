@@ -42,11 +42,11 @@ def child_env(folder: str) -> dict:
     return env
 
 
-def _store_progress(pk: int, fraction: float) -> None:
+def _store_progress(pks: list[int], fraction: float) -> None:
     from agent.models import Rehearsal
     from fleet.events import emit
 
-    Rehearsal.objects.filter(pk=pk, status="running").update(progress=max(0.0, min(1.0, fraction)))
+    Rehearsal.objects.filter(pk__in=pks, status="running").update(progress=max(0.0, min(1.0, fraction)))
     emit("rehearsals-changed")
 
 
@@ -70,15 +70,44 @@ def _last_line(text: str, code: int) -> str:
 def play_stored(pk: int) -> str:
     """Play rehearsal ``pk`` (a ``queued`` row) in a scratch child and store its outcome; returns the
     row's final status (``done`` / ``failed``), or ``""`` when the row is gone or not queued (it is
-    played once). Never raises for the rehearsal's own failure: it is stored on the row."""
-    import time
-
+    played once). When its ``compare_to`` row is queued too (an A/B pair from
+    ``agent.actions.runs.do_start_rehearsal``), that one — the current settings — is played first, then
+    this one, each in its own child from the same day (same seed, arrivals and faults); the
+    progress stored on the running rows covers both (0..0.5 the first, 0.5..1 the second), and if
+    the first fails the second is failed with the same line. Never raises for the rehearsal's own
+    failure: it is stored on the row."""
     from agent.models import Rehearsal
     from fleet.events import emit
 
     if not Rehearsal.objects.filter(pk=pk, status="queued").update(status="running", progress=0.0):
         return ""
+    other = Rehearsal.objects.filter(pk=pk).values_list("compare_to", flat=True).get()
+    sides = [pk]
+    if other is not None and Rehearsal.objects.filter(pk=other, status="queued").update(status="running", progress=0.0):
+        sides = [other, pk]
     emit("rehearsals-changed")
+    for n, side in enumerate(sides):
+        rows = sides[n:]
+
+        def progress(fraction: float, n=n, rows=rows) -> None:
+            _store_progress(rows, (n + fraction) / len(sides))
+
+        error = _play(side, progress)
+        if error is not None:
+            for rest in rows:
+                _store_end(rest, error=error if rest == side else f"the current settings' side failed: {error}")
+            return "failed"
+    return "done"
+
+
+def _play(pk: int, progress) -> str | None:
+    """Play the day of row ``pk`` in a scratch child, calling ``progress(fraction)`` as it moves by
+    :data:`PROGRESS_STEP` and storing ``done`` with the result; returns None, or the one line why it
+    failed (nothing stored then)."""
+    import time
+
+    from agent.models import Rehearsal
+
     day = Rehearsal.objects.values_list("day", flat=True).get(pk=pk)
     folder = tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{os.getpid()}-")
     proc = errors = None
@@ -101,16 +130,16 @@ def play_stored(pk: int) -> str:
                 continue
             if fraction - stored >= PROGRESS_STEP and fraction < 1:
                 stored = fraction
-                _store_progress(pk, fraction)
+                progress(fraction)
         if proc.returncode == 0 and out_file.exists():
-            _store_end(pk, result=json.loads(out_file.read_text(encoding="utf-8")))
-            return "done"
+            result = json.loads(out_file.read_text(encoding="utf-8"))
+            progress(1.0)
+            _store_end(pk, result=result)
+            return None
         errors.seek(0)
-        _store_end(pk, error=_last_line(errors.read()[-20_000:], proc.returncode))
-        return "failed"
+        return _last_line(errors.read()[-20_000:], proc.returncode)
     except Exception as exc:  # noqa: BLE001 — an OS error, a bad result file, a time limit: stored, never lost
-        _store_end(pk, error=f"the rehearsal could not run: {type(exc).__name__}: {exc}")
-        return "failed"
+        return f"the rehearsal could not run: {type(exc).__name__}: {exc}"
     finally:
         if proc is not None and proc.poll() is None:
             proc.kill()

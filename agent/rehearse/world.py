@@ -45,7 +45,8 @@ def lognormal(rng: random.Random, median: float, p95: float) -> float:
 @dataclass
 class Task:
     """One proving task: ``arrived`` (s since start), ``due`` (s; sealing: when its PoRep is due),
-    ``claimed`` and ``done`` (s, None until then), ``factor`` (its type's proof-time factor)."""
+    ``claimed`` and ``done`` (s, None until then), ``factor`` (its type's proof-time factor);
+    once done, ``took`` (s, the proof's drawn duration) and ``gpu`` (the GPU model that proved it)."""
 
     id: int
     type: str
@@ -55,6 +56,8 @@ class Task:
     claimed: float | None = None
     done: float | None = None
     owner: str = ""
+    took: float = 0.0
+    gpu: str = ""
 
 
 @dataclass
@@ -170,7 +173,8 @@ class DayWorld:
         self._rates: tuple[float, float] | None = None  # (GPU $/hr, disk $/hr) of the fleet; None: recount
         self.idle_since: float | None = 0.0
         self.proof_samples: deque[float] = deque(maxlen=50)
-        self.loading_samples: list[float] = []
+        self.loading_samples: list[float] = []  # each launch's loading time, from rented to running (s)
+        self.running_at_start = 0  # machines of the starting fleet that began the day running
         self.loading_s = float(m.loading.median_s)
         self.proof_s = {g: (p.median_s, p.spread) for g, p in w.proof_s.items()}
         self.prices = {o.gpu_name: o.dph for o in m.offers}
@@ -248,6 +252,7 @@ class DayWorld:
                 self.provider.ssh[iid] = HEALTHY_SSH
                 mach = self._machine(iid, f.gpu_name, float(dph))
                 if status == "running":
+                    self.running_at_start += 1
                     mach.running_since = 0.0
                     mach.worker_live_at = 0.0
                     self._worker_up(mach)
@@ -581,7 +586,7 @@ class DayWorld:
         mach = self._current(iid, epoch)
         if mach is None or mach.task is None or mach.task.id != tid or mach.worker_dead:
             return
-        mach.task.done = self.t
+        mach.task.done, mach.task.took, mach.task.gpu = self.t, took, mach.gpu
         mach.task = None
         self.busy -= 1
         self.proof_samples.append(took)

@@ -52,7 +52,8 @@ SUMMARY = {
     "usd_disk": ("spent on disk", "usd"),
     "usd_total": ("spent, GPU and disk", "usd"),
     "usd_per_proof": ("$ per proof", "usd4"),
-    "oracle_usd": ("the oracle: the work's lower bound", "usd"),
+    "oracle": ("the oracle the ratio uses", ""),
+    "oracle_usd": ("the oracle's $", "usd"),
     "oracle_ratio": ("spent against the oracle", "ratio"),
     "approvals_asked": ("approvals asked", "n"),
     "approvals_asked_by_tool": ("approvals asked, by tool", "n"),
@@ -217,6 +218,34 @@ def list_context(page: int = 1) -> dict:
     return {"rehearsals": rows, "pager": pager}
 
 
+def _signed(value, unit: str) -> str:
+    text = in_units(abs(value), unit)
+    return "0" if value == 0 else ("+" if value > 0 else "−") + text
+
+
+def comparison(r: Rehearsal) -> dict | None:
+    """An A/B pair's two columns (``r`` and its ``compare_to``, both done): ``{"a", "b", "rows"}``
+    with A the earlier row (the current settings, or ``manage.py rehearse``'s first file) and each
+    row ``{"key", "words", "a", "b", "difference"}`` in words and units (the difference B − A, for
+    numbers only). None when ``r`` has no pair or either side has no summary yet."""
+    other = r.compare_to
+    if other is None:
+        return None
+    a, b = sorted((r, other), key=lambda x: x.pk)
+    sa, sb = _summary_of(a), _summary_of(b)
+    if not sa or not sb:
+        return None
+    rows = []
+    for key in [*SUMMARY, *[k for k in sa if k not in SUMMARY]]:
+        if key not in sa and key not in sb:
+            continue
+        words, unit = SUMMARY.get(key, (key.replace("_", " "), ""))
+        va, vb = sa.get(key), sb.get(key)
+        diff = _signed(round(vb - va, 6), unit) if _num(va) is not None and _num(vb) is not None else ""
+        rows.append({"key": key, "words": words, "a": in_units(va, unit), "b": in_units(vb, unit), "difference": diff})
+    return {"a": a, "b": b, "rows": rows}
+
+
 def detail_context(r: Rehearsal) -> dict:
     """One rehearsal: its facts, progress (percent), summary rows, unsafe decisions, markers in words
     and the chart series and frame."""
@@ -236,6 +265,7 @@ def detail_context(r: Rehearsal) -> dict:
         "pct": round(100 * max(0.0, min(1.0, r.progress or 0))),
         "finished": r.status in ("done", "failed"),
         "summary": summary_rows(result.get("summary") or {}),
+        "comparison": comparison(r),
         "unsafe": [u for u in result.get("unsafe") or [] if isinstance(u, dict)],
         "markers": [{**m, "chart": marker_kind(m.get("kind")),
                      "at_h": _num(m.get("at_s")) / 3600 if _num(m.get("at_s")) is not None else None} for m in markers],
@@ -324,8 +354,9 @@ def rehearse_change(request: HtmxHttpRequest) -> HttpResponse:
     """"Rehearse this change on yesterday" (the Settings page; operators, like saving): the settings
     form as posted, checked as saving checks it but not saved, applied to the day file of the last
     ``rehearse_hours`` (24, the default, 6 or 1) of this installation's records
-    (``agent.rehearse.history``), stored and started as a
-    rehearsal (``agent.actions.runs.do_start_rehearsal``). htmx: a line linking the rehearsal's page (or
+    (``agent.rehearse.history``), stored and started as a rehearsal
+    (``agent.actions.runs.do_start_rehearsal``): when the form changes anything, an A/B pair — the day
+    under the current settings and under the change — whose page shows both columns. htmx: a line linking the rehearsal's page (or
     naming what was wrong); without JavaScript: a redirect to that page, or 400 with the error."""
     from agent.actions.runs import do_start_rehearsal
     from agent.actions.settings import OverrideError, validate_overrides
@@ -356,9 +387,13 @@ def rehearse_change(request: HtmxHttpRequest) -> HttpResponse:
     span = "yesterday" if hours == 24 else f"the last {hours} h"
     name = f"{span} under " + (", ".join(words) if words else "the current settings")
     changed["name"] = name[:200]
+    # a change is played beside the current settings: the same day (seed, arrivals, faults) twice
+    base_name = f"{span} under the current settings"
+    baseline = {**day, "name": base_name} if words else None
     try:
         row = do_start_rehearsal(changed, name, actor_of(request), form.cleaned_data["reason"],
-                                 change={"policy": policy, "limits": limits})
+                                 change={"policy": policy, "limits": limits}, baseline=baseline,
+                                 baseline_name=base_name)
     except DayFileError as exc:
         return _rehearse_answer(request, False, str(exc))
     return _rehearse_answer(request, True, name, rehearsal=row)
