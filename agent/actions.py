@@ -9,8 +9,8 @@ import hashlib
 
 from django.db import DatabaseError, transaction
 
-from agent.limits import LIMIT_RANGES, MAX_TARGET_PROOFS_HR
 from agent.models import Run, SessionState, Step
+from agent.policy.limits import LIMIT_RANGES, MAX_TARGET_PROOFS_HR
 from fleet.audit import do_audit
 from fleet.clock import clock
 from fleet.events import emit, trigger
@@ -22,7 +22,7 @@ from fleet.secrets import redact, redact_obj
 class EffectNotRecorded(Exception):
     """The effect happened, recording its outcome failed (a database error after the provider
     acted). The message says what happened; the intent audit row and the open claim stand, and
-    the next cycle settles the claim against the provider (``agent.claims``). Never shown as a
+    the next cycle settles the claim against the provider (``agent.policy.claims``). Never shown as a
     failure: an error page must not hide an effect (docs/safety.md, Side effects). ``applied`` is False when
     the intent was recorded but applying it failed (Warden re-applies it next cycle)."""
 
@@ -109,7 +109,7 @@ def do_launch_instance(*, gpu_name: str = "", offer_id: str = "", actor: str, re
     """Launch one instance through the configured provider and record it.
 
     ``label`` tags the instance at the provider (the pipeline passes one derived from the call's
-    idempotency key, so a launch whose answer is lost can be found: ``agent.claims``). Returns the new :class:`fleet.models.Instance`. Raises ``ProviderError`` when the provider
+    idempotency key, so a launch whose answer is lost can be found: ``agent.policy.claims``). Returns the new :class:`fleet.models.Instance`. Raises ``ProviderError`` when the provider
     refuses or fails (nothing is recorded then).
     """
     from fleet.providers import get_provider
@@ -215,14 +215,14 @@ def _record_instance_action(provider, inst, action: str, *, actor: str, reason: 
 def do_reset_session(actor: str, reason: str = "") -> SessionState:
     """Clear the conversation: a new epoch, so earlier runs and chat leave the model's context and
     the chat (they stay on the Runs pages), and the short-term buffer is flushed (important
-    messages promoted to long-term memory, ``agent.memory.flush_buffer``).
+    messages promoted to long-term memory, ``agent.memory.store.flush_buffer``).
 
     The anchor keeps the run-id sequence, the objectives, the target, the overrides and the fleet
     snapshot; long-term memory stays (run ids must not restart after a reset: docs/agent.md). The
     console asks first, server-side (``console.views.settings.reset_session``: a confirmation step
     that says what is kept and cleared, and works without JavaScript).
     """
-    from agent.memory import flush_buffer
+    from agent.memory.store import flush_buffer
 
     state = SessionState.objects.select_for_update().get(pk=SessionState.get().pk)
     before = state.epoch
@@ -272,10 +272,10 @@ def do_operator_instance_action(inst, action: str, *, actor: str, reason: str, o
     POST a ``duplicate``. Raises :class:`ActionRefused`, ``ValueError`` for bad input, or
     ``ProviderError`` when the provider fails.
     """
-    from agent.claims import ClaimRefused, close_claim, open_claim
-    from agent.guards import check
-    from agent.observe import observe
-    from agent.policy import effective_limits, effective_policy
+    from agent.policy.claims import ClaimRefused, close_claim, open_claim
+    from agent.policy.guards import check
+    from agent.policy.table import effective_limits, effective_policy
+    from agent.runtime.observe import observe
 
     if action not in OPERATOR_ACTIONS:
         raise ValueError(f"unknown action {action!r}; use one of {', '.join(sorted(OPERATOR_ACTIONS))}")
@@ -314,7 +314,7 @@ def do_operator_instance_action(inst, action: str, *, actor: str, reason: str, o
         from fleet.providers import ProviderError
 
         if isinstance(exc, ProviderError) and exc.outcome_unknown:
-            from agent.claims import resolve_unknown
+            from agent.policy.claims import resolve_unknown
 
             _, note = resolve_unknown(claim, actor=actor)
             raise ProviderError(f"{exc}; the request was sent and its answer lost, so it was not re-sent; {note}",
@@ -419,7 +419,7 @@ class OverrideError(ValueError):
 
 def policy_keys() -> list[str]:
     """Every policy key an operator may set: the tools' defaults plus ``launch_instance:P0`` … ``:P3``."""
-    from agent.policy import DEFAULT_POLICY, PRIORITIES
+    from agent.policy.table import DEFAULT_POLICY, PRIORITIES
 
     keys = list(DEFAULT_POLICY)
     keys += [f"launch_instance:{p}" for p in PRIORITIES if f"launch_instance:{p}" not in DEFAULT_POLICY]
@@ -487,7 +487,7 @@ def validate_overrides(policy: dict | None, limits: dict | None) -> tuple[dict, 
 
 def baseline_settings(state: SessionState | None = None) -> tuple[dict, dict]:
     """The policy table and limits with no operator override (defaults < env < objectives)."""
-    from agent.policy import effective_limits, effective_policy
+    from agent.policy.table import effective_limits, effective_policy
 
     state = state or SessionState.get()
     bare = SessionState(target_proofs_hr=state.target_proofs_hr, objectives=state.objectives, overrides={})
@@ -639,14 +639,14 @@ def do_ack_alerts(pks: list[int], actor: str, comment: str) -> list:
 @transaction.atomic
 def do_save_notification_settings(user, *, email: str, webhook_ref: str, kinds: list[str], actor: str):
     """Store ``user``'s notification settings: an email address (or empty), a webhook reference
-    (``env:NAME`` / ``file:/path``, or empty; never a URL: ``agent.notifications.check_webhook_ref``)
-    and the kinds wanted (``agent.notifications.KINDS``). Raises ValueError naming the field.
+    (``env:NAME`` / ``file:/path``, or empty; never a URL: ``agent.notify.notifications.check_webhook_ref``)
+    and the kinds wanted (``agent.notify.notifications.KINDS``). Raises ValueError naming the field.
     Audited as ``notification_settings`` (the reference's name only). Returns the settings row."""
     from django.core.exceptions import ValidationError
     from django.core.validators import validate_email
 
     from agent.models import NotificationSettings
-    from agent.notifications import KINDS, check_webhook_ref
+    from agent.notify.notifications import KINDS, check_webhook_ref
 
     email = check_text("email", email, limit=254)
     if email:

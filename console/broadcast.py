@@ -35,7 +35,7 @@ def on_changed(sender, topics=(), **kwargs) -> None:
 
 
 def on_streamed(sender, frame=None, **kwargs) -> None:
-    """Receiver for :data:`fleet.events.streamed`: one chat stream frame (``agent.chat_stream``) to
+    """Receiver for :data:`fleet.events.streamed`: one chat stream frame (``agent.chat.chat_stream``) to
     the console group as ``{"type": "console.chat", "frame": {...}}``. A failing layer is logged:
     the chat region's next re-fetch shows what the run stored."""
     layer = get_channel_layer()

@@ -3,7 +3,7 @@
 Protocol (server → browser only): one JSON text frame per topic, ``{"trigger": "<topic>"}``
 (topics: ``fleet.events`` docstring). The browser re-fetches the regions that listen for the topic
 over plain HTTP. The one exception is the chat answer as it streams: ``{"chat": {"run", "turn",
-"text", "tools"}}`` frames (``agent.chat_stream``), a few per second, sent to sockets that get
+"text", "tools"}}`` frames (``agent.chat.chat_stream``), a few per second, sent to sockets that get
 ``chat-changed``; the chat region's re-fetch replaces them with what the run stored. The socket
 never carries side effects; anything the browser sends is ignored. A socket gets only the topics of pages its user's role may see (:data:`ROLE_TOPICS`; the
 role is read at connect and updated by ``console.set_role`` when a superuser changes it); a topic

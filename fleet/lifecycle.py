@@ -2,7 +2,7 @@
 guards, the monitor, the ``rules`` planner and the console (docs/contract.md "Terminal", "Blind
 mode", "Starvation").
 
-Every number comes from the run's limits (``world.limits``, ``agent.policy.effective_limits``):
+Every number comes from the run's limits (``world.limits``, ``agent.policy.table.effective_limits``):
 ``offline_grace_min``, ``provisioning_limit_min``, ``starve_min``.
 
 - :func:`blind` — demand is not ``ok``: Warden cannot see its workers;
@@ -11,7 +11,7 @@ Every number comes from the run's limits (``world.limits``, ``agent.policy.effec
 - :func:`starving` — a pending launch that no longer blocks the next one.
 
 It lives in ``fleet`` (the lowest layer) because the monitor's rules (``fleet.monitor``) read it;
-``agent.lifecycle`` keeps what needs the agent's records (forced approval, a rejection that stands).
+``agent.policy.lifecycle`` keeps what needs the agent's records (forced approval, a rejection that stands).
 """
 
 from datetime import timedelta

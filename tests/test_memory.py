@@ -1,4 +1,4 @@
-"""The agent's memory (``agent.memory``): remember/recall through real cycles,
+"""The agent's memory (``agent.memory.store``): remember/recall through real cycles,
 structured facts that do not decay, long-term memories that halve every 7 days, the 20-message
 short-term buffer that promotes important messages on eviction, consolidation every 5th run
 (rule-made facts from host faults and rejections), full-text recall on PostgreSQL, word-share
@@ -9,10 +9,10 @@ from datetime import timedelta
 import pytest
 from django.db import connection
 
-from agent import memory
-from agent.approvals import do_decide
-from agent.loop import resume_run
+from agent.memory import store as memory
 from agent.models import Approval, MemoryFact, ShortTermMessage
+from agent.runtime.approvals import do_decide
+from agent.runtime.loop import resume_run
 from fleet.models import Diagnosis, Instance
 from tests.rails_support import calls, fleet_entry, rails_world, verdict
 
@@ -150,7 +150,7 @@ def test_every_fifth_run_consolidates_host_faults_and_rejections():
         resume_run(run)
         assert run.number < memory.CONSOLIDATE_EVERY
         assert not MemoryFact.objects.filter(source="consolidation").exists()
-        # the rejection is still written by agent.approvals
+        # the rejection is still written by agent.runtime.approvals
         assert MemoryFact.objects.get(category="rejection", key="stop_instance local-5").source == "approvals"
         while True:
             run = w.cycle([verdict()])

@@ -1,19 +1,19 @@
 """With a model configured, the running summary of older history and memory consolidation are the
 model's (extractive summary and rule-made facts otherwise, and when the model fails).
 
-Real parts: the stand-in OpenAI-compatible server (agent/model_standin.py) over HTTP, the context
-builder on stored steps, ``agent.memory.after_run`` on the test database.
+Real parts: the stand-in OpenAI-compatible server (agent/model/model_standin.py) over HTTP, the context
+builder on stored steps, ``agent.memory.store.after_run`` on the test database.
 """
 
 import json
 
 import pytest
 
-from agent import memory
-from agent.context import build_context
-from agent.model_client import ModelConfig
-from agent.model_digest import _CACHE, ModelSummarizer, consolidate_by_model
-from agent.model_standin import StandIn
+from agent.memory import store as memory
+from agent.memory.context import build_context
+from agent.memory.model_digest import _CACHE, ModelSummarizer, consolidate_by_model
+from agent.model.model_client import ModelConfig
+from agent.model.model_standin import StandIn
 from agent.models import Approval, MemoryFact, ModelCall, Run, Step
 from tests.rails_support import NOW
 

@@ -284,7 +284,7 @@ def test_the_alert_resolves_when_the_host_answers_again(hosts, sshd):
 def test_a_cycle_reads_http_demand_and_starts_a_worker_on_an_owned_host(hosts, settings):
     """End to end: the http endpoint says work waits and no worker is live; the rules planner
     launches, and the launch starts the worker on the first free owned host over SSH."""
-    from agent.loop import run_cycle
+    from agent.runtime.loop import run_cycle
     from tests.test_demand_http import Endpoint
 
     ep = Endpoint()

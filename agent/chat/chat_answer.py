@@ -9,7 +9,7 @@ guards and approvals.
 
 :func:`state_answer` is called by the ``rules`` planner's final turn for a ``chat`` run; the
 numbers and ids it writes come from the run's own observation (``world.observed``) and steps, so
-the entailment check (``agent.report.entailment_flags``) finds them.
+the entailment check (``agent.runtime.report.entailment_flags``) finds them.
 """
 
 import re

@@ -1,6 +1,6 @@
 """The chat answer as it streams: model deltas coalesced into a few frames per second.
 
-The ``llm`` planner streams a chat run's model calls (``agent.model_client.chat`` with
+The ``llm`` planner streams a chat run's model calls (``agent.model.model_client.chat`` with
 ``on_delta``); a :class:`ChatStream` is that ``on_delta``. It gathers the text and the names of the
 tool calls the model starts, and hands them on as one frame at most every :data:`INTERVAL_S`
 (100 ms: one channel-layer message per token would fill the layer), plus

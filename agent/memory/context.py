@@ -41,10 +41,10 @@ import json
 import math
 from dataclasses import dataclass, field
 
-from agent.chat_answer import model_words
+from agent.chat.chat_answer import model_words
 from agent.models import Run, SessionState, Step
 from agent.planners.base import without_verdicts
-from agent.tool_specs import canonical_json
+from agent.policy.tool_specs import canonical_json
 from fleet.untrusted import as_data
 
 #: conservative characters per token for the estimate (English and JSON run 3.5–4.5 on common
@@ -52,7 +52,7 @@ from fleet.untrusted import as_data
 CHARS_PER_TOKEN = 4
 DEFAULT_BUDGET_TOKENS = 30_000
 #: one message (a tool result, say) never takes more than this share of the budget: it is cut
-#: head and tail with a marker (``agent.pipeline.truncate``)
+#: head and tail with a marker (``agent.runtime.pipeline.truncate``)
 MAX_SINGLE_SHARE = 0.25
 #: the running summary of older history takes at most this share of the budget
 SUMMARY_SHARE = 0.10
@@ -205,7 +205,7 @@ def repeat_reminder(steps=None, *, thresholds=None) -> tuple[int, str | None]:
     ``steps``: Step dicts oldest first; by default the current epoch's steps from the database.
     """
     if thresholds is None:
-        from agent.policy import effective_limits
+        from agent.policy.table import effective_limits
 
         thresholds = tuple(effective_limits().repeat_reminders)
     if steps is None:
@@ -329,7 +329,7 @@ def build_context(*, run: Run | None = None, budget_tokens: int = DEFAULT_BUDGET
     taking the omitted units' one-line extracts, returning text); extractive by default.
     """
     if thresholds is None:
-        from agent.policy import effective_limits
+        from agent.policy.table import effective_limits
 
         thresholds = tuple(effective_limits().repeat_reminders)
     epoch = SessionState.get().epoch
@@ -414,7 +414,7 @@ def _newest_steps(order: list[int], answers: dict[int, str]):
         chunk = order[i:i + size]
         i += size
         size *= 2
-        # the model's words only: the runtime's note on refused/parked calls (agent.chat_answer)
+        # the model's words only: the runtime's note on refused/parked calls (agent.chat.chat_answer)
         # follows them in the stored answer, and the tool results already say the same
         answers.update((pk, model_words(text)) for pk, text in
                        Run.objects.filter(pk__in=chunk).exclude(final_answer="").values_list("pk", "final_answer"))
@@ -454,7 +454,7 @@ def _fits_raw(msgs: list[dict]) -> int:
 
 def _cut_to(msg: dict, chars: int) -> bool:
     """Cut ``msg``'s content head and tail to about ``chars`` (a marker says how much went)."""
-    from agent.pipeline import truncate
+    from agent.runtime.pipeline import truncate
 
     content = msg.get("content")
     if not content or len(content) <= chars:

@@ -1,21 +1,21 @@
 """The model's two side jobs besides planning: the running summary of older history, and memory
 consolidation (docs/agent.md, Memory; docs/model.md, The context window).
 
-- :class:`ModelSummarizer` is the ``summarize`` callable of ``agent.context.build_context`` when a
+- :class:`ModelSummarizer` is the ``summarize`` callable of ``agent.memory.context.build_context`` when a
   model is configured: the omitted units' one-line extracts go to the model with
-  ``agent.prompt.SUMMARY``; its text becomes the summary message. Without a model, or when the
-  call fails or answers nothing, the extractive summary (``agent.context.extractive_summary``) is
+  ``agent.model.prompt.SUMMARY``; its text becomes the summary message. Without a model, or when the
+  call fails or answers nothing, the extractive summary (``agent.memory.context.extractive_summary``) is
   used and the failure is logged. Summaries are cached per process by their exact input, so a
   prompt rebuilt with the same omitted history costs no second call.
-- :func:`consolidate_by_model` is what ``agent.memory.after_run`` runs every
+- :func:`consolidate_by_model` is what ``agent.memory.store.after_run`` runs every
   ``CONSOLIDATE_EVERY``-th run when a model is configured: the short-term buffer, the week's host
   faults and operator rejections and the stored facts' keys go to the model with
-  ``agent.prompt.CONSOLIDATE``; the JSON facts it returns are stored through
-  ``agent.memory.remember`` (redacted, validated; source ``consolidation``). A failed call or an
-  answer that is not the asked JSON falls back to the rule-made facts (``agent.memory.consolidate``).
+  ``agent.model.prompt.CONSOLIDATE``; the JSON facts it returns are stored through
+  ``agent.memory.store.remember`` (redacted, validated; source ``consolidation``). A failed call or an
+  answer that is not the asked JSON falls back to the rule-made facts (``agent.memory.store.consolidate``).
 
 Every call is a :class:`agent.models.ModelCall` of the run it serves, and its tokens and cost are
-added to that run (they count against its ``token_budget``, ``agent.breakers``).
+added to that run (they count against its ``token_budget``, ``agent.runtime.breakers``).
 """
 
 import hashlib
@@ -23,7 +23,7 @@ import json
 import logging
 from collections import OrderedDict
 
-from agent.model_client import ModelConfig, ModelError, chat
+from agent.model.model_client import ModelConfig, ModelError, chat
 from fleet.secrets import SecretReferenceError
 
 log = logging.getLogger(__name__)
@@ -59,8 +59,8 @@ class ModelSummarizer:
         self.used_model = False
 
     def __call__(self, lines: list[str]) -> str:
-        from agent.context import extractive_summary
-        from agent.prompt import SUMMARY
+        from agent.memory.context import extractive_summary
+        from agent.model.prompt import SUMMARY
 
         text = "\n".join(f"- {line}" for line in lines)
         if len(text) > SUMMARY_INPUT_CHARS:
@@ -94,7 +94,7 @@ class ModelSummarizer:
 def consolidation_evidence() -> str:
     """The text the consolidating model reads: the short-term buffer, the week's host faults and
     operator rejections, and the stored facts' category/key (so it updates rather than repeats)."""
-    from agent.memory import CONSOLIDATE_WINDOW
+    from agent.memory.store import CONSOLIDATE_WINDOW
     from agent.models import Approval, MemoryFact, ShortTermMessage
     from fleet.clock import clock
     from fleet.models import Diagnosis
@@ -134,11 +134,11 @@ def parse_facts(content: str) -> list[dict]:
 
 def consolidate_by_model(config: ModelConfig, run=None) -> list:
     """Consolidate memory with the model (see the module docstring). Returns the ``MemoryFact``
-    rows written. Falls back to ``agent.memory.consolidate`` (rule-made facts) when the call fails
+    rows written. Falls back to ``agent.memory.store.consolidate`` (rule-made facts) when the call fails
     or the answer is unusable; a single bad fact (empty value, importance out of range) is skipped
     and logged. Raises nothing."""
-    from agent.memory import MemoryInputError, consolidate, remember
-    from agent.prompt import CONSOLIDATE
+    from agent.memory.store import MemoryInputError, consolidate, remember
+    from agent.model.prompt import CONSOLIDATE
 
     messages = [{"role": "system", "content": CONSOLIDATE.format(limit=CONSOLIDATE_MAX_FACTS)},
                 {"role": "user", "content": consolidation_evidence()}]

@@ -11,7 +11,7 @@ Three layers, one file:
   is promoted to a long-term memory.
 
 Every :data:`CONSOLIDATE_EVERY`-th run, facts are consolidated: by the model when one is configured
-(``agent.model_digest.consolidate_by_model``), else — and when the model fails — :func:`consolidate`
+(``agent.memory.model_digest.consolidate_by_model``), else — and when the model fails — :func:`consolidate`
 extracts rule-made facts: host faults from diagnoses (``incident``) and operator rejections
 (``rule_learned``).
 :func:`recall` ranks by PostgreSQL full-text search (``SearchVector``/``SearchRank``) × score;
@@ -243,7 +243,7 @@ def consolidate() -> list[MemoryFact]:
 def after_run(run, *, deferred: bool = False) -> list[MemoryFact]:
     """Called when a run closes: buffers its operator messages and final answer (once per run), and on every
     :data:`CONSOLIDATE_EVERY`-th run number consolidates (by the model when one is configured).
-    ``deferred`` (what ``agent.runs.close_run`` passes): the model's consolidation, a call of its
+    ``deferred`` (what ``agent.runtime.runs.close_run`` passes): the model's consolidation, a call of its
     own that took a small local model 50 s, runs after the answer in the Celery task
     ``agent.tasks.consolidate_memory`` once the transaction commits, not inside the run.
     Returns the facts made or promoted (here and now)."""
@@ -254,15 +254,15 @@ def after_run(run, *, deferred: bool = False) -> list[MemoryFact]:
         if run.final_answer:
             made += buffer_message(run.final_answer, "agent", run_number=run.number)
     if run.number % CONSOLIDATE_EVERY == 0:
-        from agent.model_client import ModelConfig
+        from agent.model.model_client import ModelConfig
 
         config = ModelConfig.from_settings()
         if config is None:
             made += consolidate()
         elif deferred:
             transaction.on_commit(lambda: _enqueue_consolidation(run.pk))
-        else:  # the model extracts the facts (rule-made ones when it cannot: agent.model_digest)
-            from agent.model_digest import consolidate_by_model
+        else:  # the model extracts the facts (rule-made ones when it cannot: agent.memory.model_digest)
+            from agent.memory.model_digest import consolidate_by_model
 
             made += consolidate_by_model(config, run)
     return made

@@ -2,7 +2,7 @@
 
 Opening: who the agent is and what it is for. Middle: how tools and observations work. Closing:
 the imperatives and the hard rules. Every hard rule here is also enforced in code
-(agent/guards.py, agent/breakers.py, agent/pipeline.py); the prompt only saves the model a refusal.
+(agent/policy/guards.py, agent/runtime/breakers.py, agent/runtime/pipeline.py); the prompt only saves the model a refusal.
 
 What changes between requests goes last (:data:`NOW`): the objectives, the facts recalled for the
 operator's message, and the fleet and demand observed this cycle. Servers that cache prompts
@@ -67,7 +67,7 @@ LAST = f"Answer with tool calls, or end your final answer with {VERDICT}."
 def system_prompt(summary: dict, *, objectives: dict | None = None, recalled: str = "") -> str:
     """The three tiers (the same text every time), then :data:`NOW` filled with the session's
     ``objectives``, the ``recalled`` memory text and the world ``summary``
-    (``agent.observe.World.summary``), then :data:`LAST`. Returns one string."""
+    (``agent.runtime.observe.World.summary``), then :data:`LAST`. Returns one string."""
     return "\n".join([
         OPENING,
         MIDDLE,
@@ -79,7 +79,7 @@ def system_prompt(summary: dict, *, objectives: dict | None = None, recalled: st
     ])
 
 
-# --- the model's two side jobs (agent/model_digest.py) -------------------------------------------
+# --- the model's two side jobs (agent/memory/model_digest.py) -------------------------------------------
 SUMMARY = """\
 You keep the running summary of an operations agent's older history: the part of the session that
 no longer fits its context. Below, one line per event, oldest first (operator messages, the

@@ -65,7 +65,7 @@ class Turn:
 
     ``tokens_fresh``: of ``tokens_in`` (the whole prompt, as the API reported it), the tokens new
     since the planner's previous request in this run — what ``token_budget`` counts
-    (``agent.breakers``); ``None`` means all of ``tokens_in`` is new.
+    (``agent.runtime.breakers``); ``None`` means all of ``tokens_in`` is new.
     """
 
     calls: list[Proposal] = field(default_factory=list)
@@ -120,7 +120,7 @@ def has_verdict_block(text: str) -> bool:
 class Planner:
     """Base planner. ``next_turn(ctx)`` returns a :class:`Turn`, or ``None`` when it has nothing more.
 
-    ``ctx`` is the loop's :class:`agent.loop.TurnContext`: run, turn index, world, the results of
+    ``ctx`` is the loop's :class:`agent.runtime.loop.TurnContext`: run, turn index, world, the results of
     the previous turn, and the operator's message.
     """
 

@@ -2,8 +2,8 @@
 
 Everything that decides whether a machine may be rented without an operator reads this module:
 the ``rules`` planner's sizing (:func:`agent.planners.rules.sizing`), the pipeline when it scores a
-launch or resume (:func:`agent.pipeline.score_turn`) and again when an approved one is dispatched
-(:func:`agent.pipeline.dispatch_approved`, ``no_longer_needed``), the scale-down budget
+launch or resume (:func:`agent.runtime.pipeline.score_turn`) and again when an approved one is dispatched
+(:func:`agent.runtime.pipeline.dispatch_approved`, ``no_longer_needed``), the scale-down budget
 (:func:`retire_budget`) and the approval cards. There is no second copy of these counts.
 
 - **Capacity** (:func:`capacity`): workers live, plus instances *starting* — launched or resumed

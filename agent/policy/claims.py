@@ -28,9 +28,9 @@ from datetime import timedelta
 import psutil
 from django.db import IntegrityError, transaction
 
-from agent.limits import default
 from agent.models import Approval, SideEffect, Step
-from agent.policy import effective_limits
+from agent.policy.limits import default
+from agent.policy.table import effective_limits
 from fleet.audit import do_audit
 from fleet.clock import clock
 from fleet.events import emit
@@ -141,7 +141,7 @@ def our_launch_labels(labels: set[str]) -> set[str]:
 def open_claims_block(instance_ref: str = "", tool: str = "") -> SideEffect | None:
     """The open claim that blocks a call on ``instance_ref`` (``in_flight``) or, with ``tool``
     ``launch_instance``, another launch (``launch_pending``); the oldest, or None. Settled claims
-    block nothing. The one query of open claims the guards ask (``agent.guards.check``)."""
+    block nothing. The one query of open claims the guards ask (``agent.policy.guards.check``)."""
     qs = SideEffect.objects.filter(status="claimed")
     qs = qs.filter(instance_ref=instance_ref) if instance_ref else qs.filter(tool=tool)
     return qs.order_by("claimed_at").first()

@@ -9,7 +9,7 @@ whole order, with the stage that reports each code:
 ``hold_off``, ``disruption_budget``, ``launch_pending``, ``instance_cap``, ``budget_cap``, ``diagnosis_required``,
 ``in_flight``, ``no_longer_needed`` (at dispatch of a parked launch or resume),
 ``observe_only``, ``rate_limited`` (here) → policy (``approval_required``: pipeline, with
-:func:`agent.lifecycle.forced_approval`). Guards run when a call is proposed and again at
+:func:`agent.policy.lifecycle.forced_approval`). Guards run when a call is proposed and again at
 dispatch of an approved call (an approval granted on stale facts executes nothing).
 
 Rules and their sources (what "terminal", "blind" and "starving" mean is ``fleet.lifecycle``):
@@ -34,11 +34,11 @@ Rules and their sources (what "terminal", "blind" and "starving" mean is ``fleet
   instance (starving launches still count) and $/hr caps;
 - ``disruption_budget``: the agent's stops and destroys of capacity (live or starting instances)
   within ``retire_window_min`` are at most ``max(1, floor(retire_budget_pct% of W))``
-  (``agent.capacity.retire_budget``): a misread signal cannot retire the fleet in one cycle
+  (``agent.policy.capacity.retire_budget``): a misread signal cannot retire the fleet in one cycle
   (defence in depth, after every other scale-down guard passed). The monitor and an operator's
   own actions are outside it;
 - ``no_longer_needed``: at dispatch, a launch or resume that was within the need when it was
-  parked and is beyond it now (``agent.capacity.need_for``, counting what was dispatched
+  parked and is beyond it now (``agent.policy.capacity.need_for``, counting what was dispatched
   before it); one parked beyond the need is the operator's decision.
 """
 
@@ -47,11 +47,11 @@ from datetime import timedelta
 
 from django.db.models import Max
 
-from agent.claims import open_claims_block
-from agent.lifecycle import recent_rejection
 from agent.models import Approval, SideEffect
-from agent.policy import PRIORITIES
-from agent.tool_specs import TOOLS, canonical_json
+from agent.policy.claims import open_claims_block
+from agent.policy.lifecycle import recent_rejection
+from agent.policy.table import PRIORITIES
+from agent.policy.tool_specs import TOOLS, canonical_json
 from fleet.clock import clock
 from fleet.lifecycle import is_terminal, starving, worker_live
 from fleet.models import PENDING_STATUSES
@@ -156,7 +156,7 @@ def duplicate(tool: str, args: dict, key: str, *, batch_prior: list[tuple[str, d
     spec = TOOLS[tool]
     if not spec.side_effect:
         return None
-    # a claim settled as stale_claim never ran: it does not hold its key (agent.claims)
+    # a claim settled as stale_claim never ran: it does not hold its key (agent.policy.claims)
     if SideEffect.objects.filter(key=key).exclude(code="stale_claim").exists():
         return Refusal("duplicate", "this call already ran (same idempotency key)")
     canon = canonical_json(args)
@@ -257,7 +257,7 @@ def check(tool: str, args: dict, key: str, world, *, batch_prior: list[tuple[str
 
     # disruption_budget: the agent's retirements of capacity within the sliding window
     if tool in SCALE_DOWN_TOOLS and inst is not None and inst.killed_at is None and actor == "agent":
-        from agent.capacity import capacity, retire_budget
+        from agent.policy.capacity import capacity, retire_budget
 
         cap = capacity(world)
         if cap.holds(inst):
@@ -288,7 +288,7 @@ def check(tool: str, args: dict, key: str, world, *, batch_prior: list[tuple[str
         ]
         if pending:
             return Refusal("launch_pending", f"launch of {pending[0].external_id} still pending ({pending[0].status or 'provisioning'})")
-        # an open launch claim (settled ones block nothing: agent.claims.settle_claims)
+        # an open launch claim (settled ones block nothing: agent.policy.claims.settle_claims)
         if open_claims_block(tool="launch_instance") is not None:
             return Refusal("launch_pending", "an earlier launch is still in flight")
         # instance_cap (starving launches and instances being destroyed still count; an owned host
@@ -326,7 +326,7 @@ def check(tool: str, args: dict, key: str, world, *, batch_prior: list[tuple[str
 
     # no_longer_needed (a parked launch or resume, at dispatch: the rules planner's sizing again)
     if at_dispatch and parked_within and tool in ("launch_instance", "resume_instance"):
-        from agent.capacity import need_for
+        from agent.policy.capacity import need_for
 
         need = need_for(world)
         if need.workers <= 0:

@@ -8,7 +8,7 @@ independent of the order the guards run in and of the state of the world today: 
 what the runtime recorded *at the time of the call*.
 
 What the runtime records for the checks (:func:`call_facts`, written by
-``agent.pipeline.execute`` into ``Step.facts["at_call"]`` right before a side effect is claimed,
+``agent.runtime.pipeline.execute`` into ``Step.facts["at_call"]`` right before a side effect is claimed,
 for every actor): the demand the call was dispatched on (state and counts, as the guards had just
 re-read it), the target instance (provider status, whether it was terminal, whether its worker
 was live by its own heartbeat and how many tasks it owned, whether it was counted as capacity),
@@ -83,9 +83,9 @@ def call_facts(world, tool: str, args: dict, actor: str) -> dict:
     heartbeat (the demand source's flag, not the blind rule); ``owned_tasks`` null when the source
     has no view of the worker. Never raises: a fact that cannot be read is recorded null.
     """
-    from agent.capacity import capacity, facts_priority, less_urgent
-    from agent.policy import policy_for
-    from agent.tool_specs import TOOLS
+    from agent.policy.capacity import capacity, facts_priority, less_urgent
+    from agent.policy.table import policy_for
+    from agent.policy.tool_specs import TOOLS
     from fleet.lifecycle import is_terminal
 
     d = world.demand
@@ -168,7 +168,7 @@ def _at_call(steps, step) -> dict:
 def _operator_approved(step, approvals: dict, decisions: set[int]) -> tuple[bool, str]:
     """Whether ``step`` ran on an operator's decision: its Approval exists, is not waiting,
     rejected or expired, and the decision's audit row (``approve_call`` by a ``user:…`` actor,
-    written by ``agent.approvals.do_decide``) exists — ``decisions`` holds the approval ids that
+    written by ``agent.runtime.approvals.do_decide``) exists — ``decisions`` holds the approval ids that
     have one."""
     a = approvals.get(step.pk)
     if a is None:
@@ -278,7 +278,7 @@ def check_run(run) -> list[dict]:
 
 
 def _canon(args) -> str:
-    from agent.tool_specs import canonical_json
+    from agent.policy.tool_specs import canonical_json
 
     return canonical_json(args) if isinstance(args, dict) else str(args)
 

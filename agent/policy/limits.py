@@ -2,7 +2,7 @@
 
 The settings page (``console.forms``, through ``agent.actions.validate_overrides``), replay files'
 ``objectives`` (``agent.replay.file_format.check_objectives``), the policy merge
-(``agent.policy.effective_limits``) and the loop all read this class. A limit that is not a field
+(``agent.policy.table.effective_limits``) and the loop all read this class. A limit that is not a field
 here is refused where it enters (an operator's override, a file's objective) and when the merged
 values are validated; code reading a misspelt limit is caught by ``tests/test_limits_schema.py``,
 which holds every ``limits.<name>`` read in the code against these fields.
@@ -77,7 +77,7 @@ class Limits(BaseModel):
     # a stopped instance still pays for its disk: stopped longer than this, the rules planner
     # proposes destroying it (destroy_instance's policy: approval by default)
     stopped_destroy_h: Number = _num(24, 1, 100_000)
-    # the scale-down budget (agent.capacity.retire_budget): at most max(1, floor(pct% of capacity))
+    # the scale-down budget (agent.policy.capacity.retire_budget): at most max(1, floor(pct% of capacity))
     # live or starting instances retired per sliding window; the share is more than 0
     retire_window_min: Number = _num(15, 1, 1440)
     retire_budget_pct: Number = _num(50, 0, 100)

@@ -11,8 +11,8 @@ per priority, ``launch_instance:P0`` … ``:P3`` (docs/contract.md, Policy).
 
 from django.conf import settings
 
-from agent.limits import FROM_ENV, Limits
 from agent.models import SessionState
+from agent.policy.limits import FROM_ENV, Limits
 
 PRIORITIES = ("P0", "P1", "P2", "P3")
 
@@ -43,8 +43,8 @@ DEFAULT_POLICY = {
 MONITOR = "monitor"
 
 def effective_limits(state: SessionState | None = None) -> Limits:
-    """The schema's defaults (``agent.limits.Limits``) merged with the env settings
-    (``agent.limits.FROM_ENV``: dwell, hold-off, caps, startup grace), the anchor's objectives,
+    """The schema's defaults (``agent.policy.limits.Limits``) merged with the env settings
+    (``agent.policy.limits.FROM_ENV``: dwell, hold-off, caps, startup grace), the anchor's objectives,
     its operator overrides and its target. Raises ``pydantic.ValidationError`` when a stored
     value is not a limit or not of its type and range (they are checked where they enter)."""
     state = state or SessionState.get()

@@ -2,7 +2,7 @@
 and :func:`canonical_json` — everything about a tool but its implementation.
 
 Names and argument shapes are a contract (docs/contract.md, Tools). This module sits
-below ``agent.guards``, ``agent.breakers``, ``agent.actions`` and ``agent.tools`` (which binds the
+below ``agent.policy.guards``, ``agent.runtime.breakers``, ``agent.actions`` and ``agent.runtime.tools`` (which binds the
 bodies): the guards read what a tool *is* without importing what it *does* (no
 ``actions → guards → tools → actions`` circle).
 """
@@ -81,8 +81,8 @@ class Tool:
 
     ``instance_arg`` names the argument holding an instance id (for in-flight and guards).
     ``fallback`` names a tool run in place of this one after three failures (three_strikes).
-    ``body`` (``(agent.tools.ToolContext, args) -> payload``) is ``None`` in this module's table;
-    ``agent.tools`` binds the implementations when it is imported.
+    ``body`` (``(agent.runtime.tools.ToolContext, args) -> payload``) is ``None`` in this module's table;
+    ``agent.runtime.tools`` binds the implementations when it is imported.
     """
 
     name: str
@@ -109,7 +109,7 @@ def canonical_json(args: dict | None) -> str:
     return json.dumps(canonical_args(args), sort_keys=True, separators=(",", ":"), default=str)
 
 
-#: the registry: every tool's spec; ``agent.tools`` binds each body in place (the same dict, so a
+#: the registry: every tool's spec; ``agent.runtime.tools`` binds each body in place (the same dict, so a
 #: tool registered later — tests, benches — is seen by guards, breakers and the pipeline alike)
 TOOLS: dict[str, Tool] = {
     t.name: t

@@ -5,7 +5,7 @@ of ``tests/scenarios/`` or of a folder the operator names — with the ``llm`` p
 live OpenAI-compatible server instead of the file's recorded planner, and scores the case from the
 records its cycles wrote (judge the trace the run left, not the impression it gives):
 
-- **safe**: no invariant broken (:mod:`agent.invariants`, the checker rehearsals use) and no call
+- **safe**: no invariant broken (:mod:`agent.policy.invariants`, the checker rehearsals use) and no call
   the case says the rails must refuse was dispatched (:func:`must_refuse`: the file's own planner
   calls of a side-effect tool its ``expect.never_executed`` names, matched by arguments): the
   rails' verdict, whatever the model proposed;
@@ -120,7 +120,7 @@ def probe(cfg) -> None:
     resolved, the server does not answer, refuses the key or refuses the model name."""
     import openai
 
-    from agent.model_client import public_url
+    from agent.model.model_client import public_url
     from fleet.secrets import SecretReferenceError, redact, resolve
 
     url = public_url(cfg.base_url)
@@ -204,7 +204,7 @@ def for_model(sc, raw: dict):
 
 class ModelReplay(Replay):
     """A replay whose first cycle (and its resumes) the live model plays (``cfg``: an
-    ``agent.model_client.ModelConfig``); later cycles run no planner turns. Operator decisions
+    ``agent.model.model_client.ModelConfig``); later cycles run no planner turns. Operator decisions
     that name a call the model never made change nothing (the file's own replay refuses them)."""
 
     def __init__(self, sc, raw, provider, *, cfg, path: str = ""):
@@ -218,7 +218,7 @@ class ModelReplay(Replay):
         return LlmPlanner(self.cfg) if cycle == 0 else ScriptPlanner([])
 
     def resume(self, runs) -> None:
-        from agent.loop import resume_run
+        from agent.runtime.loop import resume_run
 
         for run in runs:
             run.refresh_from_db()
@@ -289,7 +289,7 @@ def must_refuse(sc, raw: dict) -> list[tuple[str, dict]]:
     (tool and arguments) of a side-effect tool its ``expect.never_executed`` names. The case was
     written about those calls; another call of the same tool (another instance), or a tool only
     the ``rules`` planner would have left alone, is judged by the invariants alone."""
-    from agent.tools import TOOLS
+    from agent.runtime.tools import TOOLS
 
     expect = sc.expect
     if expect is None or not raw:
@@ -308,9 +308,9 @@ def score_case(case: Case, sc, replay, report: dict | None, *, crash: str = "", 
     "cost_usd", "wall_s"}``."""
     from django.db.models import Count, Q, Sum
 
-    from agent.invariants import check_all
     from agent.models import ModelCall, Step
     from agent.planners.llm import FALLBACK_NOTE
+    from agent.policy.invariants import check_all
     from agent.replay.report import OUTCOMES_DISPATCHED, OUTCOMES_EXECUTED, _match_list, args_agree, flat_calls
 
     out = {"case": case.name, "source": case.source, "crash": crash, "violations": [], "dispatched_forbidden": [],
@@ -370,7 +370,7 @@ def _spread(values: list[float]) -> dict:
 def standing():
     """The active model's newest :class:`agent.models.ModelEvaluation` (same model name and
     shown base URL as the settings), or ``None`` (no model configured, or never evaluated)."""
-    from agent.model_client import ModelConfig, public_url
+    from agent.model.model_client import ModelConfig, public_url
     from agent.models import ModelEvaluation
 
     cfg = ModelConfig.from_settings()
@@ -420,7 +420,7 @@ def summarize(results: list[dict], *, model: str, base_url: str, repeat: int = 1
         total[col] = int(sum(int(r.get(col) or 0) for r in results))
     total["cost_usd"] = round(sum(float(r.get("cost_usd") or 0) for r in results), 6)
     total["wall_s"] = round(sum(float(r.get("wall_s") or 0) for r in results), 2)
-    from agent.model_client import public_url
+    from agent.model.model_client import public_url
 
     return {"model": model, "base_url": public_url(base_url), "repeat": repeat, "cases": cases, "summary": total}
 

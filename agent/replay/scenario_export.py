@@ -21,8 +21,8 @@ from datetime import timedelta
 
 from pydantic import ValidationError
 
-from agent.limits import FROM_ENV
 from agent.models import Run, SessionState
+from agent.policy.limits import FROM_ENV
 from agent.replay.file_format import Scenario
 from fleet.models import AuditLog, Diagnosis, Instance
 from fleet.secrets import redact, redact_obj
@@ -130,8 +130,8 @@ def _history(now, fleet_ids: set) -> list[dict]:
 
 
 def _policy(table: dict) -> dict:
-    from agent.policy import PRIORITIES
-    from agent.tools import PUBLIC_TOOLS
+    from agent.policy.table import PRIORITIES
+    from agent.runtime.tools import PUBLIC_TOOLS
 
     out = {}
     for key, value in table.items():
@@ -191,7 +191,7 @@ def export_run(run: Run) -> dict:
 
     Raises :class:`ScenarioExportError` when the run has no observation or the file would not pass
     the file format's checks (the message names the field)."""
-    from agent.policy import effective_limits, effective_policy
+    from agent.policy.table import effective_limits, effective_policy
 
     summary, observed_at = _observation(run)
     now = observed_at or run.started_at

@@ -25,8 +25,8 @@ from collections import Counter
 from django.db.models import Count, Q
 
 from agent.models import Approval, Run, Step
-from agent.report import flagged_claims
-from agent.tools import TOOLS
+from agent.runtime.report import flagged_claims
+from agent.runtime.tools import TOOLS
 
 #: histogram buckets of planner turns per run: (label, low, high) inclusive
 BUCKETS = [("0", 0, 0), ("1", 1, 1), ("2", 2, 2), ("3", 3, 3), ("4-5", 4, 5), ("6-8", 6, 8), ("9-12", 9, 12),

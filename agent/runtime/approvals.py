@@ -2,7 +2,7 @@
 
 A decision is a conditional UPDATE ``waiting → approved|rejected`` (healthchecks' "the row is
 the queue"): a double click, two operators at once or a replayed POST change the row once; the
-others get :class:`DecisionError`. Execution happens later in ``agent.loop.resume_run``, where the
+others get :class:`DecisionError`. Execution happens later in ``agent.runtime.loop.resume_run``, where the
 guards run again and the idempotency claim makes the side effect run at most once.
 """
 
@@ -51,9 +51,9 @@ def do_decide(approval: Approval, decision: str, actor: str, comment: str = "", 
 
 def remember_rejection(approval: Approval, actor: str, comment: str, when) -> None:
     """Record an operator's rejection in the agent's memory (docs/agent.md, Memory): category
-    ``rejection``, key ``TOOL INSTANCE``. The guard ``rejected_recently`` (``agent.lifecycle``)
+    ``rejection``, key ``TOOL INSTANCE``. The guard ``rejected_recently`` (``agent.policy.lifecycle``)
     is what enforces it; the fact lets every planner (and the model) know why."""
-    from agent.memory import remember
+    from agent.memory.store import remember
 
     target = (approval.args or {}).get("instance_id") or "any instance"
     remember("rejection", f"{approval.tool} {target}",
@@ -62,7 +62,7 @@ def remember_rejection(approval: Approval, actor: str, comment: str, when) -> No
 
 
 #: the prefix of ``Approval.outcome_detail`` when a decision's resume could not be queued
-#: (the broker was unreachable); the sweep (``agent.sweep``) reads it to say why the call waited
+#: (the broker was unreachable); the sweep (``agent.runtime.sweep``) reads it to say why the call waited
 RESUME_NOT_QUEUED = "resume not queued"
 
 
@@ -70,8 +70,8 @@ def undispatched(run=None):
     """Approvals an operator approved whose call has not been dispatched yet (approval
     ``approved``, its step still ``parked``), optionally of one ``run``: a QuerySet.
 
-    A run holding one is never closed ``done`` (``agent.runs.close_run``) and never expires it;
-    the sweep (``agent.sweep.sweep_decided``) dispatches them."""
+    A run holding one is never closed ``done`` (``agent.runtime.runs.close_run``) and never expires it;
+    the sweep (``agent.runtime.sweep.sweep_decided``) dispatches them."""
     qs = Approval.objects.filter(status="approved", step__outcome="parked")
     return qs.filter(run=run) if run is not None else qs
 

@@ -41,7 +41,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from agent.models import Run, Step
-from agent.tool_specs import TOOLS, canonical_json
+from agent.policy.tool_specs import TOOLS, canonical_json
 from fleet.clock import clock
 
 RAN = {"executed", "approved_executed", "error"}

@@ -2,7 +2,7 @@
 
 ``fleet.diagnostics`` collects the evidence and judges it by the rules (the layering: the judge that
 needs a model lives in ``agent`` and consumes the evidence ``fleet`` collects). With a model
-configured (``WARDEN_MODEL_*``, :class:`agent.model_client.ModelConfig`), :func:`model_judge`
+configured (``WARDEN_MODEL_*``, :class:`agent.model.model_client.ModelConfig`), :func:`model_judge`
 asks it for a verdict with its own domain prompt (:data:`JUDGE_PROMPT`: a narrow
 sub-agent that knows GPU faults — Xid codes, ECC errors, a lost device — and only judges); the answer must parse as
 ``fleet.diagnostics.Verdict`` (pydantic). A model that fails, answers outside the schema or
@@ -51,7 +51,7 @@ def model_judge(evidence: dict, *, instance=None, worker=None, rules: Verdict | 
     """The configured model's :class:`~fleet.diagnostics.Verdict` on ``evidence``, or ``None``
     (no model configured, the call failed, or the answer is not a valid verdict: the rules'
     verdict stands). Never raises for the model's failure."""
-    from agent.model_client import ModelConfig, ModelError, chat
+    from agent.model.model_client import ModelConfig, ModelError, chat
     from fleet.secrets import SecretReferenceError
     from fleet.untrusted import as_data
 
@@ -84,7 +84,7 @@ def model_judge(evidence: dict, *, instance=None, worker=None, rules: Verdict | 
 def judge_fn():
     """The judge to hand ``fleet.diagnostics.diagnose``: :func:`model_judge` when a model is
     configured, else ``None`` (the rules alone)."""
-    from agent.model_client import ModelConfig
+    from agent.model.model_client import ModelConfig
 
     return model_judge if ModelConfig.from_settings() is not None else None
 

@@ -13,14 +13,14 @@ Every step is persisted as it happens.
 
 import logging
 
-from agent import triggers
-from agent.approvals import undispatched
-from agent.breakers import Halt
 from agent.models import Approval, Run, SessionState, Step
-from agent.observe import observe, void_gone_approvals
 from agent.planners.base import has_verdict_block, parse_verdict
-from agent.policy import effective_limits, effective_policy
-from agent.runs import (
+from agent.policy.table import effective_limits, effective_policy
+from agent.runtime import triggers
+from agent.runtime.approvals import undispatched
+from agent.runtime.breakers import Halt
+from agent.runtime.observe import observe, void_gone_approvals
+from agent.runtime.runs import (
     RunBusy,
     TurnContext,
     acquire_lock,
@@ -45,15 +45,15 @@ BREAKER_KEY = "breaker:"
 def default_planner(run: Run | None = None):
     """The configured planner: ``llm`` when a model is configured (WARDEN_MODEL_BASE_URL and
     WARDEN_MODEL), else the built-in ``rules`` policy. The one place the choice is made. For a
-    ``chat`` run the model's answer streams to the console (``agent.chat_stream``)."""
-    from agent.model_client import ModelConfig
+    ``chat`` run the model's answer streams to the console (``agent.chat.chat_stream``)."""
+    from agent.model.model_client import ModelConfig
 
     config = ModelConfig.from_settings()
     if config is not None:
         from agent.planners.llm import LlmPlanner
 
         if run is not None and run.trigger == "chat":
-            from agent.chat_stream import ChatStream
+            from agent.chat.chat_stream import ChatStream
 
             return LlmPlanner(config, on_delta=ChatStream(run.number))
         return LlmPlanner(config)
@@ -69,7 +69,7 @@ def run_cycle(trigger: str, *, message: str | None = None, actor: str = "system"
 
     A chat message waiting in a ``queued`` run is picked up here (oldest first); ``message``
     creates such a run first. ``events="take"`` (the Celery tasks) takes the waiting trigger events
-    (``agent.triggers.drain``) once the lock is held and before the observe phase, and records them
+    (``agent.runtime.triggers.drain``) once the lock is held and before the observe phase, and records them
     on the run (``trigger="event"`` names the run after the first of them); ``events="need"`` also
     runs nothing when there are none and no run is queued (an earlier run took them), returning
     ``None``. ``events=None`` (tests, replay) leaves them alone. Exceptions
@@ -129,7 +129,7 @@ def _lock_bound_s(limits) -> float:
 def _fail_quietly(run: Run, exc: BaseException) -> None:
     """:func:`fail_run`, never raising over ``exc``: when the write itself fails (the database
     connection broke under an interrupt), the next cycle fails the run
-    (``agent.runs.fail_stuck_runs``)."""
+    (``agent.runtime.runs.fail_stuck_runs``)."""
     try:
         run.refresh_from_db(fields=["status"])
         if run.status in ("running", "queued"):
@@ -160,7 +160,7 @@ def resume_run(run: Run, *, planner=None) -> Run:
         if run.status != "parked":
             return run
         tc = turn_context(run, world, limits, state)
-        from agent.pipeline import dispatch_approved
+        from agent.runtime.pipeline import dispatch_approved
 
         # decisions can land while an approved call executes: take them until none is left, and
         # stay parked while any parked step is still undecided (its own resume task follows)
@@ -183,7 +183,7 @@ def resume_run(run: Run, *, planner=None) -> Run:
                     tc.breakers.record_decision(a.step.seq, a.step.turn)
                 elif a.status == "expired":
                     _decided(a.step, "expired", "expired", "the approval expired unanswered; nothing executed")
-        # still waiting, or dispatched elsewhere and not finished (an open claim: agent.claims settles it)
+        # still waiting, or dispatched elsewhere and not finished (an open claim: agent.policy.claims settles it)
         if run.approvals.filter(step__outcome="parked").exists():
             return run
         if run.ended_at is not None:  # the planner had finished; only the monitor's calls waited
@@ -231,14 +231,14 @@ def _json(obj) -> str:
 
 def _run_monitor(tc: TurnContext) -> None:
     """The monitor's lifecycle rules, before the planner's turns (docs/contract.md, The cycle, step 2)."""
-    from agent.monitor_runner import run_monitor
+    from agent.runtime.monitor_runner import run_monitor
 
     run_monitor(tc)
 
 
 def _drive(tc: TurnContext, planner) -> None:
     """Ask the planner for turns until it answers, halts, parks, or runs out."""
-    from agent.pipeline import process_turn
+    from agent.runtime.pipeline import process_turn
 
     run = tc.run
     run.planner = getattr(planner, "name", run.planner)  # the planner that plans it (saved at close)
@@ -260,7 +260,7 @@ def _drive(tc: TurnContext, planner) -> None:
             break
         run.tokens_in += turn.tokens_in  # saved with the run when it closes
         run.tokens_out += turn.tokens_out
-        run.budget_tokens += turn.budget_tokens()  # what token_budget counts (agent.breakers)
+        run.budget_tokens += turn.budget_tokens()  # what token_budget counts (agent.runtime.breakers)
         tc.breakers.turns += 1
         if not turn.calls:
             tc.new_step(kind="text", turn=tc.turn_index, text=redact(turn.text)[:8000], outcome="text", tokens=turn.tokens_out)
@@ -294,7 +294,7 @@ def _drive(tc: TurnContext, planner) -> None:
         if result.halt is not None:
             halt = result.halt
             break
-        if result.cancelled and lock_lost():  # not an operator's cancel: the lock went (agent.runs.LockKeeper)
+        if result.cancelled and lock_lost():  # not an operator's cancel: the lock went (agent.runtime.runs.LockKeeper)
             halt = Halt("lock_lost", lock_lost())
             break
         if result.cancelled:
@@ -310,7 +310,7 @@ def _drive(tc: TurnContext, planner) -> None:
         run.final_answer = redact(planner.chat_answer(tc))[:8000]
     if run.trigger == "chat" and planner.name == "llm" and getattr(planner, "fallback", None) is None:
         # what the rails refused or parked is said in the runtime's words, not left to the model's
-        from agent.chat_answer import with_rails_note
+        from agent.chat.chat_answer import with_rails_note
 
         run.final_answer = with_rails_note(run.final_answer, tc.call_steps())[-8000:]
     if halt is not None:

@@ -3,20 +3,20 @@
 The monitor is an actor like the agent (docs/contract.md, The cycle, step 2): its actions pass the policy
 table (``TOOL:monitor`` keys; its own default ``auto``; ``forbidden`` on ``TOOL`` binds it — the
 action is skipped as ``forbidden_tool`` and halts nothing), the same guards (observe-only
-included), forced approvals (``agent.lifecycle.forced_approval``) and idempotency as any call.
+included), forced approvals (``agent.policy.lifecycle.forced_approval``) and idempotency as any call.
 An action that needs approval parks as an Approval row whose step has actor ``monitor``; it is
-dispatched like any approved call (``agent.loop.resume_run``). The run's lifecycle (lock, claim,
-close) comes from ``agent.runs``, as the loop's does. They are recorded as call steps
+dispatched like any approved call (``agent.runtime.loop.resume_run``). The run's lifecycle (lock, claim,
+close) comes from ``agent.runtime.runs``, as the loop's does. They are recorded as call steps
 with actor ``monitor`` (no planner turn) and appear in the Actions tab through the audit log.
 """
 
-from agent.claims import our_launch_labels
-from agent.guards import check as guard_check
-from agent.lifecycle import forced_approval
-from agent.pipeline import Decision, _finish, execute, idempotency_key, park, run_injected
-from agent.policy import is_forbidden, policy_for
-from agent.runs import RunBusy, acquire_lock, claim_run, close_run, release_lock, turn_context
-from agent.tools import TOOLS
+from agent.policy.claims import our_launch_labels
+from agent.policy.guards import check as guard_check
+from agent.policy.lifecycle import forced_approval
+from agent.policy.table import is_forbidden, policy_for
+from agent.runtime.pipeline import Decision, _finish, execute, idempotency_key, park, run_injected
+from agent.runtime.runs import RunBusy, acquire_lock, claim_run, close_run, release_lock, turn_context
+from agent.runtime.tools import TOOLS
 from fleet.alerts import raise_alert
 from fleet.monitor import decide
 
@@ -85,10 +85,10 @@ def monitor_tick() -> int | None:
 
     Returns the run number, or ``None`` when there was nothing to do or the lock was held.
     """
-    from agent import triggers
     from agent.models import SessionState
-    from agent.observe import observe
-    from agent.policy import effective_limits, effective_policy
+    from agent.policy.table import effective_limits, effective_policy
+    from agent.runtime import triggers
+    from agent.runtime.observe import observe
 
     token = acquire_lock(sees_events=False)  # what its observe finds starts a planner run after it
     if token is None:

@@ -13,7 +13,7 @@ from datetime import timedelta
 
 from tenacity import RetryError, Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-from agent.policy import Limits
+from agent.policy.table import Limits
 from fleet.alerts import raise_alert, resolve
 from fleet.clock import clock
 from fleet.demand import DemandReading, read_demand
@@ -243,9 +243,9 @@ def read_and_record_demand(instances) -> DemandReading:
 
 
 def observe(limits: Limits, policy: dict) -> World:
-    """Settle doubtful side-effect claims (``agent.claims.settle_claims``), read the fleet (with
+    """Settle doubtful side-effect claims (``agent.policy.claims.settle_claims``), read the fleet (with
     retries) and demand, record a ``FleetSample``; returns the cycle's :class:`World`."""
-    from agent.claims import settle_claims
+    from agent.policy.claims import settle_claims
     from fleet.sync import sync_instances
 
     settle_claims(limits.claim_max_age_min)  # open claims whose worker died or that are too old
@@ -439,7 +439,7 @@ def void_gone_approvals() -> int:
         n += 1
     for run in runs:
         if run.status == "parked" and not run.approvals.filter(step__outcome="parked").exists():
-            from agent.runs import close_run
+            from agent.runtime.runs import close_run
 
             run.status = "done"
             close_run(run)

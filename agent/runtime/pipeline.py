@@ -4,7 +4,7 @@
 allowlist (``unknown_tool``) → policy ``forbidden`` (``forbidden_tool``, halts) → argument
 parsing and schema (``invalid_args``: never executed with empty arguments) → breakers
 (``identical_args``) → batch size (``batch_too_large``: more than :data:`MAX_BATCH_CALLS` calls,
-refused whole, after ``duplicate``) → guards (``agent.guards``) → observe-only → policy (``auto`` runs,
+refused whole, after ``duplicate``) → guards (``agent.policy.guards``) → observe-only → policy (``auto`` runs,
 ``approval`` parks) → execution with a timeout, retries of transient errors and an idempotency
 claim → an observation written by the runtime. A planner-authored tool result is refused as
 ``forged_observation`` and halts the run (docs/safety.md invariant 4).
@@ -21,15 +21,15 @@ from dataclasses import dataclass, field
 from pydantic import ValidationError
 
 from agent.actions import EffectNotRecorded
-from agent.breakers import Halt
-from agent.guards import SCALE_DOWN_TOOLS, Refusal
-from agent.guards import check as guard_check
-from agent.guards import duplicate as duplicate_refusal
-from agent.lifecycle import forced_approval
 from agent.models import Approval, SideEffect, Step
-from agent.observe import with_retries
-from agent.policy import PRIORITIES, is_forbidden, policy_for
-from agent.tools import PUBLIC_TOOLS, TOOLS, ToolContext, ToolError, canonical_json
+from agent.policy.guards import SCALE_DOWN_TOOLS, Refusal
+from agent.policy.guards import check as guard_check
+from agent.policy.guards import duplicate as duplicate_refusal
+from agent.policy.lifecycle import forced_approval
+from agent.policy.table import PRIORITIES, is_forbidden, policy_for
+from agent.runtime.breakers import Halt
+from agent.runtime.observe import with_retries
+from agent.runtime.tools import PUBLIC_TOOLS, TOOLS, ToolContext, ToolError, canonical_json
 from fleet.clock import clock
 from fleet.events import emit
 from fleet.providers import ProviderError
@@ -79,7 +79,7 @@ class Decision:
     args: dict | None = None
     key: str = ""
     action: str = "run"  # run | park | done
-    forced: str = ""  # why it parks whatever the policy says (agent.lifecycle.forced_approval)
+    forced: str = ""  # why it parks whatever the policy says (agent.policy.lifecycle.forced_approval)
     note: str = ""  # the facts a parked launch or resume was scored on ("proposed P0, facts P1, beyond the need…")
 
 
@@ -144,12 +144,19 @@ def score_turn(tc, turn) -> tuple[list[Decision], Halt | None]:
     """Score every call of ``turn`` before anything runs. Each call's step is numbered now and
     saved once with its outcome (a refusal here, or :func:`execute` / :func:`park`).
 
-    Launches and resumes are counted one at a time in the order proposed (``agent.capacity``):
+    Launches and resumes are counted one at a time in the order proposed (``agent.policy.capacity``):
     each is within the need or beyond it, counting as capacity the calls of this batch that will
     run before it. A launch's policy key is the less urgent of its proposed and its facts
     priority. Beyond the need, a call identical to an earlier one of the batch is refused
     ``duplicate``; any other that the policy would run by itself parks (forced approval)."""
-    from agent.capacity import CAPACITY_TOOLS, beyond_detail, facts_priority, less_urgent, need_for, priority_detail
+    from agent.policy.capacity import (
+        CAPACITY_TOOLS,
+        beyond_detail,
+        facts_priority,
+        less_urgent,
+        need_for,
+        priority_detail,
+    )
 
     decisions: list[Decision] = []
     halt = None
@@ -202,7 +209,7 @@ def score_turn(tc, turn) -> tuple[list[Decision], Halt | None]:
         step.args = redact_obj(args)
         dec.args = args
         step.call_reason = redact(str(args.get("reason", "")))[:2000]
-        # the policy key a launch falls under: the less urgent of proposed and facts (agent.capacity)
+        # the policy key a launch falls under: the less urgent of proposed and facts (agent.policy.capacity)
         policy_args, notes, need, within = args, [], None, True
         if p.tool in CAPACITY_TOOLS:
             if need0 is None:
@@ -274,8 +281,8 @@ def score_turn(tc, turn) -> tuple[list[Decision], Halt | None]:
 
 def retires_capacity(world, args: dict) -> bool:
     """Whether a stop or destroy of ``args["instance_id"]`` retires capacity (the instance is live
-    or starting: ``agent.capacity.capacity``); what the scale-down budget counts."""
-    from agent.capacity import capacity
+    or starting: ``agent.policy.capacity.capacity``); what the scale-down budget counts."""
+    from agent.policy.capacity import capacity
 
     inst = world.instance(str(args.get("instance_id", "")))
     return inst is not None and capacity(world).holds(inst)
@@ -283,7 +290,7 @@ def retires_capacity(world, args: dict) -> bool:
 
 def launched_in_run(run_id: int) -> set[str]:
     """Instance ids this run launched or resumed (executed calls): they are not "pending" for its
-    later launches (``launch_pending``); the need counts them instead (``agent.capacity``)."""
+    later launches (``launch_pending``); the need counts them instead (``agent.policy.capacity``)."""
     ids = set()
     for tool, args, obs in Step.objects.filter(run_id=run_id, tool__in=["launch_instance", "resume_instance"],
                                                outcome__in=["executed", "approved_executed"]).values_list("tool", "args", "observation"):
@@ -312,7 +319,7 @@ def process_turn(tc, turn) -> TurnResult:
         if d.action == "park":
             park(tc, d)
             result.parked = True
-    from agent.diagnosis import prefetch
+    from agent.runtime.diagnosis import prefetch
 
     # several diagnoses in one turn are collected in parallel first (docs/operations.md, Diagnosis); each call's step
     # then records its own verdict as usual
@@ -321,7 +328,7 @@ def process_turn(tc, turn) -> TurnResult:
         if d.action != "run":
             continue
         # for real before a side effect and after another call of this batch ran; a read-only call
-        # right after a recent check does not pay a round trip (agent.runs.CANCEL_CHECK_S)
+        # right after a recent check does not pay a round trip (agent.runtime.runs.CANCEL_CHECK_S)
         if tc.cancel_requested(must_check=TOOLS[d.step.tool].side_effect or i > 0):
             for rest in decisions[i:]:
                 if rest.action == "run":
@@ -408,21 +415,21 @@ def execute(tc, step: Step, spec, args: dict, key: str, *, outcome: str = "execu
     """Run one tool body with its deadline, retries and idempotency claim; fill ``step``.
 
     ``outcome`` is the success outcome (``approved_executed`` for an approved call). A
-    side-effect call first claims its key (``agent.claims.open_claim``: one INSERT, with its intent
+    side-effect call first claims its key (``agent.policy.claims.open_claim``: one INSERT, with its intent
     audit row); a taken key is refused ``duplicate``, an instance with an open claim ``in_flight``,
     and nothing runs. Side effects are retried only on errors known not to have taken effect; a
     request whose answer was lost ends ``error``/``outcome_unknown`` after the runtime looked the
-    effect up and adopted what exists (``agent.claims.resolve_unknown``) — never re-sent.
+    effect up and adopted what exists (``agent.policy.claims.resolve_unknown``) — never re-sent.
     """
-    from agent import claims
+    from agent.policy import claims
 
     limit = tc.limits.observation_max_chars
     claim = None
     if spec.side_effect and key:
         # the trace names the call before it is claimed: a worker that dies mid-call leaves a step
-        # the claim's settlement can find (agent.claims) and an operator can read
+        # the claim's settlement can find (agent.policy.claims) and an operator can read
         step.idempotency_key = key
-        # what the call is dispatched on, for the invariant checks (agent.invariants)
+        # what the call is dispatched on, for the invariant checks (agent.policy.invariants)
         step.facts = {**(step.facts or {}), "at_call": _call_facts(tc, spec.name, args)}
         if step.pk is None:
             step.save(force_insert=True)
@@ -479,9 +486,9 @@ def execute(tc, step: Step, spec, args: dict, key: str, *, outcome: str = "execu
 
 
 def _call_facts(tc, tool: str, args: dict) -> dict:
-    """``agent.invariants.call_facts`` for this call; a record that cannot be made says why and
+    """``agent.policy.invariants.call_facts`` for this call; a record that cannot be made says why and
     never stops the call."""
-    from agent.invariants import call_facts
+    from agent.policy.invariants import call_facts
 
     try:
         return call_facts(tc.world, tool, args, tc.actor)
@@ -502,7 +509,7 @@ def _failed(tc, step: Step, claim, exc, t0: float) -> Step:
 def _outcome_unknown(tc, step: Step, claim: SideEffect, exc: ProviderError, t0: float) -> Step:
     """The request was sent and its answer lost: look it up, adopt what exists, never re-send
     (docs/contract.md ``outcome_unknown``; docs/safety.md invariant 10)."""
-    from agent.claims import resolve_unknown
+    from agent.policy.claims import resolve_unknown
 
     inst, note = resolve_unknown(claim, actor=tc.actor)
     if inst is not None and inst.killed_at is None:
@@ -516,7 +523,7 @@ def _outcome_unknown(tc, step: Step, claim: SideEffect, exc: ProviderError, t0: 
 def _done(claim: SideEffect | None, status: str, result: str) -> None:
     if claim is None:
         return
-    from agent.claims import close_claim
+    from agent.policy.claims import close_claim
 
     if not close_claim(claim, status, result) and status == "done":
         # settled as stale while it was still running (past claim_max_age_min), and it did take
@@ -624,7 +631,7 @@ def dispatch_priority_refusal(world, tool: str, args: dict) -> Refusal | None:
     """At dispatch of an approved launch the facts priority is derived again; the call is refused
     (``forbidden_tool``, the run is not halted) only when the key it now falls under — the less
     urgent of proposed and facts — is ``forbidden``. Otherwise the operator's approval stands."""
-    from agent.capacity import facts_priority, less_urgent
+    from agent.policy.capacity import facts_priority, less_urgent
 
     if tool != "launch_instance" or args.get("launch_priority") not in PRIORITIES:
         return None
@@ -638,7 +645,7 @@ def dispatch_priority_refusal(world, tool: str, args: dict) -> Refusal | None:
 def _already_dispatched(approval: Approval, claim: SideEffect) -> Step:
     """An approved call whose claim exists: report what the claim says, run nothing.
 
-    Open: it is running elsewhere, or its worker died (``agent.claims.settle_claims`` settles it:
+    Open: it is running elsewhere, or its worker died (``agent.policy.claims.settle_claims`` settles it:
     adopted, or back to ``waiting``). Done or failed: the approval takes that outcome.
     """
     step = approval.step

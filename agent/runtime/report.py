@@ -135,7 +135,7 @@ def entailment_flags(run: Run) -> list[str]:
     """Ids and numbers in ``run.final_answer`` that no observation of the run contains, nor any
     text the runtime itself computed in it (:func:`runtime_text`). The model's words only: the
     runtime's own note on refused and parked calls is not a claim to check."""
-    from agent.chat_answer import model_words
+    from agent.chat.chat_answer import model_words
 
     answer = without_verdicts(model_words(run.final_answer))
     if not answer:

@@ -1,6 +1,6 @@
 """The run lifecycle: lock, claim, turn context, close — shared by every kind of cycle.
 
-``agent.loop`` (the planner's cycle and resumes) and ``agent.monitor_runner`` (the monitor's own
+``agent.runtime.loop`` (the planner's cycle and resumes) and ``agent.runtime.monitor_runner`` (the monitor's own
 tick) both go through these functions, so neither imports the other's internals::
 
     acquire_lock() → claim_run(trigger) → turn_context(run, world, …) → … → close_run(run)
@@ -21,9 +21,9 @@ from datetime import timedelta
 
 from django.db import IntegrityError, connection, transaction
 
-from agent.breakers import BreakerState, Halt
 from agent.models import Run, SessionState, Step
-from agent.report import entailment_flags, final_report
+from agent.runtime.breakers import BreakerState, Halt
+from agent.runtime.report import entailment_flags, final_report
 from fleet.clock import clock
 from fleet.events import emit
 from fleet.secrets import redact
@@ -48,7 +48,7 @@ def lock_held_here() -> bool:
 def acquire_lock(ttl_s: float | None = None, *, sees_events: bool = True) -> str | None:
     """Take the run lock (a conditional UPDATE on the anchor); ``None`` if another run holds it.
 
-    The lock records its holder (``agent.claims.worker_identity``). It is free when released,
+    The lock records its holder (``agent.policy.claims.worker_identity``). It is free when released,
     past its expiry (``ttl_s``, WARDEN_RUN_LOCK_TTL_S), or as soon as its holder is known dead
     (a SIGKILLed worker on this host, docs/faults.md) — then taken over with a conditional UPDATE
     on the dead holder's token, so two takers cannot both win. ``sees_events=False`` (the monitor's
@@ -57,7 +57,7 @@ def acquire_lock(ttl_s: float | None = None, *, sees_events: bool = True) -> str
     from django.conf import settings
     from django.db.models import Q
 
-    from agent.claims import worker_alive, worker_identity
+    from agent.policy.claims import worker_alive, worker_identity
 
     ttl_s = ttl_s or settings.WARDEN["RUN_LOCK_TTL_S"]
     now = clock.now()
@@ -98,7 +98,7 @@ def _took(token: str, ttl_s: float, sees_events: bool) -> None:
 def _fail_orphans(holder: str) -> None:
     """Runs left ``running`` by the lock's dead holder end ``failed``, saying so (only the lock's
     holder runs a cycle, so every ``running`` run was its). A call it left claimed is settled
-    against the provider by the next observe (``agent.claims``)."""
+    against the provider by the next observe (``agent.policy.claims``)."""
     pid = holder.split("|")[1] if holder.count("|") == 2 else holder
     for run in Run.objects.filter(status="running"):
         fail_run(run, RuntimeError(f"its worker process (pid {pid}) died mid-run; the next cycle re-observes"))
@@ -117,7 +117,7 @@ def fail_stuck_runs() -> list[int]:
     (:class:`LockKeeper`), so a run still ``running`` when the lock is taken anew has no live
     process: it was interrupted (``KeyboardInterrupt`` or ``SystemExit`` whose own failure write did
     not get through, a SIGKILL), or its lock lapsed. It ends ``failed`` with its report; a call it
-    left claimed is settled against the provider by the next observe (``agent.claims``). Without
+    left claimed is settled against the provider by the next observe (``agent.policy.claims``). Without
     this, every later cycle would meet the ``one_running_run`` constraint and a queued chat
     message would wait for ever."""
     stuck = list(Run.objects.filter(status="running"))
@@ -228,7 +228,7 @@ class TurnContext:
     """What the planner and the pipeline share during one run."""
 
     run: Run
-    world: object  # agent.observe.World
+    world: object  # agent.runtime.observe.World
     limits: object
     breakers: BreakerState
     actor: str = "agent"
@@ -248,7 +248,7 @@ class TurnContext:
 
     def draft_step(self, **fields) -> Step:
         """A step of this run, numbered but not saved yet: the pipeline saves a scored call once,
-        with its outcome (one INSERT per step; ``agent.pipeline._finish``), or before anything
+        with its outcome (one INSERT per step; ``agent.runtime.pipeline._finish``), or before anything
         leaves the process (a side effect's claim, an approval)."""
         self._seq += 1
         return Step(run=self.run, seq=self._seq, created_at=clock.now(), actor=fields.pop("actor", self.actor), **fields)
@@ -257,7 +257,7 @@ class TurnContext:
         return list(self.run.steps.filter(kind="call").order_by("seq"))
 
     def after_error(self, step: Step) -> Halt | None:
-        from agent.tool_specs import TOOLS
+        from agent.policy.tool_specs import TOOLS
 
         self.breakers.record_call(step)
         spec = TOOLS.get(step.tool)
@@ -291,12 +291,12 @@ def turn_context(run: Run, world, limits, state: SessionState) -> TurnContext:
 def claim_run(trigger: str, planner, events: list[dict] | None = None) -> Run:
     """The oldest queued run (a chat message waiting), else a new run numbered from the anchor.
 
-    ``events`` (``agent.triggers.drain``) are recorded on the run as ``trigger_events``; a new
+    ``events`` (``agent.runtime.triggers.drain``) are recorded on the run as ``trigger_events``; a new
     run's ``trigger`` is then the first event's kind. Raises :class:`RunBusy` when another run is
     still ``running`` (the database constraint ``one_running_run``, the lock's second net).
     """
-    if planner is None:  # the planner the loop will choose (agent.loop.default_planner): what the chat shows live
-        from agent.model_client import ModelConfig
+    if planner is None:  # the planner the loop will choose (agent.runtime.loop.default_planner): what the chat shows live
+        from agent.model.model_client import ModelConfig
 
         name = "llm" if ModelConfig.from_settings() is not None else "rules"
     else:
@@ -346,9 +346,9 @@ def close_run(run: Run) -> None:
 
     A run whose planner finished while calls of the monitor still wait for an operator (or were
     approved and are not dispatched yet) stays ``parked`` (so the decision is dispatched like any approved call) but gets its end time:
-    :func:`agent.loop.resume_run` then dispatches and closes it without asking the planner again.
+    :func:`agent.runtime.loop.resume_run` then dispatches and closes it without asking the planner again.
     """
-    from agent.approvals import undispatched
+    from agent.runtime.approvals import undispatched
 
     if run.status == "done" and (run.approvals.filter(status="waiting").exists() or undispatched(run).exists()):
         # never ``done`` while a call waits for an operator, or was approved and not dispatched yet
@@ -361,7 +361,7 @@ def close_run(run: Run) -> None:
     run.save()
     emit("runs-changed", "chat-changed", "fleet-changed")  # the answer first; memory upkeep after it
     if run.status != "parked":
-        from agent.memory import after_run
+        from agent.memory.store import after_run
 
         try:
             after_run(run, deferred=True)  # the model's consolidation runs in its own task

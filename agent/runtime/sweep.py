@@ -1,21 +1,21 @@
 """The sweep: an operator's decision is dispatched even when the task that should carry it is lost.
 
-A decision is stored first (``agent.approvals.do_decide``), then a ``resume`` task is queued. That
+A decision is stored first (``agent.runtime.approvals.do_decide``), then a ``resume`` task is queued. That
 task can be lost in two ways: the broker (Redis) is unreachable when the operator decides, so
 nothing is queued; or the Celery worker that took it dies, and Redis hands the unacked task back
 only after its visibility timeout (``WARDEN_CELERY_VISIBILITY_TIMEOUT_S``, 900 s). The monitor's
 beat task (``agent.tasks.monitor_tick``, every minute) calls :func:`sweep_decided`, which finds
 approved-but-undispatched calls (and parked runs whose every approval is decided) older than
 :data:`GRACE_S` and resumes their runs itself, in that task: the guards check each call again as
-always (``agent.pipeline.dispatch_approved``). Its alert ``approval_stalled`` says what waited,
+always (``agent.runtime.pipeline.dispatch_approved``). Its alert ``approval_stalled`` says what waited,
 for how long, why, and what became of it.
 """
 
 import logging
 from datetime import timedelta
 
-from agent.approvals import RESUME_NOT_QUEUED, undispatched
 from agent.models import Approval, Run, SideEffect
+from agent.runtime.approvals import RESUME_NOT_QUEUED, undispatched
 from fleet.clock import clock
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ def why_it_waited(approval: Approval, grace_s: float = GRACE_S) -> str:
 
 def sweep_decided(grace_s: float = GRACE_S) -> list[dict]:
     """Resume every run holding a decision older than ``grace_s`` seconds that no task carried out:
-    approved calls not dispatched (:func:`agent.approvals.undispatched`), and parked runs whose
+    approved calls not dispatched (:func:`agent.runtime.approvals.undispatched`), and parked runs whose
     approvals are all decided. Returns one ``{"approval", "tool", "waited_s", "why", "status"}``
     per approved call it found. Never raises (one run's failure is logged; the next sweep tries
     it again).
@@ -54,7 +54,7 @@ def sweep_decided(grace_s: float = GRACE_S) -> list[dict]:
     A run that an older build closed while one of its calls was approved and unrun is parked again
     first (its planner is not asked again: ``ended_at`` is kept, so ``resume_run`` dispatches the
     calls and closes it)."""
-    from agent.loop import resume_run
+    from agent.runtime.loop import resume_run
 
     now = clock.now()
     cutoff = now - timedelta(seconds=grace_s)

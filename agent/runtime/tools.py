@@ -1,8 +1,8 @@
-"""The agent's tools: their bodies, bound to the specs of ``agent.tool_specs`` (names, argument
+"""The agent's tools: their bodies, bound to the specs of ``agent.policy.tool_specs`` (names, argument
 schemas, side-effect flags, timeouts), which this module re-exports.
 
 Names and argument shapes are a contract (docs/contract.md, Tools). A tool body
-returns a JSON-shaped payload; the runtime (``agent.pipeline``) turns it into the observation —
+returns a JSON-shaped payload; the runtime (``agent.runtime.pipeline``) turns it into the observation —
 the planner never authors a tool result. A body raises :class:`ToolError` (or
 ``fleet.providers.ProviderError``) on failure; any other exception is caught at the pipeline's
 boundary and becomes an error observation.
@@ -10,7 +10,7 @@ boundary and becomes an error observation.
 
 from dataclasses import dataclass, replace
 
-from agent.tool_specs import (  # noqa: F401 — re-exported: the registry and the argument models
+from agent.policy.tool_specs import (  # noqa: F401 — re-exported: the registry and the argument models
     OFFER_FILTERS,
     PUBLIC_TOOLS,
     TOOLS,
@@ -47,8 +47,8 @@ class ToolContext:
     """What a tool body may use: the run, the actor, the world snapshot and its deadline.
 
     ``deadline`` is a ``clock.monotonic()`` value; long tools check :meth:`remaining`.
-    ``world`` is the :class:`agent.observe.World` of the cycle (fleet, demand, diagnoses).
-    ``label`` is the provider label a launch carries (``agent.claims.launch_label`` of its key).
+    ``world`` is the :class:`agent.runtime.observe.World` of the cycle (fleet, demand, diagnoses).
+    ``label`` is the provider label a launch carries (``agent.policy.claims.launch_label`` of its key).
     """
 
     run: object
@@ -147,10 +147,10 @@ def diagnose_instance(ctx: ToolContext, args: dict) -> dict:
     (``evidence``: each command's exit code and output, cut to :data:`EVIDENCE_CHARS_PER_COMMAND`
     head and tail; the full outputs are on the instance page). What machines print is untrusted
     data: it reaches the model only inside the observation block."""
-    from agent.diagnosis import diagnose_instance as run_diagnosis
+    from agent.runtime.diagnosis import diagnose_instance as run_diagnosis
 
     inst = _instance(args["instance_id"])
-    diag = (getattr(ctx.world, "prefetched", None) or {}).pop(inst.pk, None)  # collected with its turn (agent.diagnosis.prefetch)
+    diag = (getattr(ctx.world, "prefetched", None) or {}).pop(inst.pk, None)  # collected with its turn (agent.runtime.diagnosis.prefetch)
     if diag is None:
         diag = run_diagnosis(inst, worker=ctx.world.worker_for(inst), timeout_s=max(1.0, ctx.remaining()))
     ctx.world.add_diagnosis(diag)
@@ -196,9 +196,9 @@ def _lifecycle(action: str):
 
 
 def remember(ctx: ToolContext, args: dict) -> dict:
-    """Store or change a fact (``agent.memory.remember``; redacted). Bad input is a semantic error."""
-    from agent.memory import MemoryInputError
-    from agent.memory import remember as store
+    """Store or change a fact (``agent.memory.store.remember``; redacted). Bad input is a semantic error."""
+    from agent.memory.store import MemoryInputError
+    from agent.memory.store import remember as store
 
     try:
         fact, created = store(args["category"], args["key"], args["value"], importance=args.get("importance"), source="agent")
@@ -208,8 +208,8 @@ def remember(ctx: ToolContext, args: dict) -> dict:
 
 
 def recall(ctx: ToolContext, args: dict) -> dict:
-    """The best facts for the query (``agent.memory.recall``: full-text rank × decayed score)."""
-    from agent.memory import recall as find
+    """The best facts for the query (``agent.memory.store.recall``: full-text rank × decayed score)."""
+    from agent.memory.store import recall as find
 
     return {"facts": [{k: f[k] for k in ("category", "key", "value", "score")}
                       for f in find(args.get("query") or "", category=args.get("category"), limit=20)]}
@@ -217,12 +217,12 @@ def recall(ctx: ToolContext, args: dict) -> dict:
 
 def escalate_human(ctx: ToolContext, args: dict) -> dict:
     """Raise an ``escalation`` alert of ``severity``. It always shows on the Alerts page; P0 and P1
-    also notify the operators who asked for escalations (``agent.notifications.alert_routes``,
+    also notify the operators who asked for escalations (``agent.notify.notifications.alert_routes``,
     docs/notifications.md). Returns ``{"alert_id", "severity", "routed_to": ["alerts", "notifications"?]}`` and,
     when routed to the notifications, ``notifications_queued``: how many messages (operators ×
     channels) were queued — 0 says nobody asked to be told."""
     from agent.models import Notification
-    from agent.notifications import alert_routes
+    from agent.notify.notifications import alert_routes
     from fleet.alerts import raise_alert
 
     alert = raise_alert("escalation", args["message"], severity=args["severity"], key=f"escalation:{ctx.run.number}:{args['message'][:80]}")
@@ -247,6 +247,6 @@ _BODIES = {
     "recall": recall,
     "escalate_human": escalate_human,
 }
-# the implementations go into the one registry (agent.tool_specs.TOOLS), in place
+# the implementations go into the one registry (agent.policy.tool_specs.TOOLS), in place
 for _name, _body in _BODIES.items():
     TOOLS[_name] = replace(TOOLS[_name], body=_body)

@@ -34,13 +34,13 @@ events on ``Run.trigger_events``; a run started by an event whose list is alread
 earlier run took its events) does not run. So every event is accounted for by exactly one run,
 and an event that arrives during a run is never dropped: it lands in the follow-up.
 
-One run at a time: the run lock (``agent.runs.acquire_lock``) with its expiry, and the database
+One run at a time: the run lock (``agent.runtime.runs.acquire_lock``) with its expiry, and the database
 constraint ``one_running_run`` (at most one ``Run`` in ``running``) as the second net. A triggered
 task that finds the lock held retries every ``RETRY_S`` until the holder is done.
 
 Events that a run raises itself (its own observe sees an instance change, its own breaker raises
 an alert) are not triggers: the run that caused them is already looking (this process holds the
-run lock: ``agent.runs.lock_held_here``). The Celery beat's heartbeat run stays the backup for a
+run lock: ``agent.runtime.runs.lock_held_here``). The Celery beat's heartbeat run stays the backup for a
 lost event or a Redis outage.
 """
 
@@ -122,7 +122,7 @@ def fire(kind: str, detail: str = "", *, at: float | None = None) -> dict | None
     Raises ``KeyError`` for an unknown kind, ``redis.RedisError`` / kombu errors when Redis is
     unreachable (callers that must not fail use :func:`on_event`).
     """
-    from agent.runs import lock_held_here
+    from agent.runtime.runs import lock_held_here
 
     priority = PRIORITY[kind]
     if not settings.WARDEN["EVENT_TRIGGERS"] or lock_held_here():
@@ -213,7 +213,7 @@ def pending() -> int:
 def drain() -> list[dict]:
     """Take every waiting event (and clear the follow-up flags) in one atomic step; oldest first.
 
-    Called by :func:`agent.loop.run_cycle` once it holds the run lock and before it observes, so an
+    Called by :func:`agent.runtime.loop.run_cycle` once it holds the run lock and before it observes, so an
     event that arrives later is left for the follow-up run.
     """
     if _store is not None:

@@ -61,7 +61,7 @@ def _instance(external_id: str) -> Instance:
 def instance_context(inst: Instance) -> dict:
     """One instance: its diagnoses, its events (audit rows targeting it) and its alerts, and how
     long a diagnosis stays fresh for stop and destroy (``diagnosis_fresh_min``, minutes)."""
-    from agent.policy import effective_limits
+    from agent.policy.table import effective_limits
 
     return {
         "inst": inst,
@@ -192,11 +192,11 @@ def instance_action(request: HtmxHttpRequest, external_id: str) -> HttpResponse:
 
 @operator_required
 def diagnose_now(request: HtmxHttpRequest, external_id: str) -> HttpResponse:
-    """"Diagnose now" (POST): diagnose the instance at once (``agent.diagnosis.do_diagnose``: the
+    """"Diagnose now" (POST): diagnose the instance at once (``agent.runtime.diagnosis.do_diagnose``: the
     SSH collector and the configured judge, audited). htmx gets the instance region back with the
     new diagnosis on top; a browser a redirect to the instance page with the verdict as a message.
     A killed instance answers 409 with why."""
-    from agent.diagnosis import do_diagnose
+    from agent.runtime.diagnosis import do_diagnose
 
     inst = _instance(external_id)
     try:
