@@ -17,8 +17,9 @@ from autobahn.exception import Disconnected
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-#: the channel-layer group every signed-in console joins
-GROUP = "console"
+from console.broadcast import GROUP, user_group
+from console.users import role_of
+
 #: close code for a socket without a signed-in user
 CLOSE_UNAUTHENTICATED = 4401
 
@@ -34,17 +35,10 @@ ROLE_TOPICS = {
 }
 
 
-def user_group(user_id: int) -> str:
-    """The per-user group, used to close a user's sockets when they log out."""
-    return f"user.{user_id}"
-
-
 class ConsoleConsumer(AsyncWebsocketConsumer):
     """Forwards ``console.signal`` layer events as ``{"trigger": topic}`` frames."""
 
     async def connect(self) -> None:
-        from console.users import role_of
-
         self.joined: list[str] = []
         self.topics: frozenset = frozenset()
         await self.accept()
