@@ -7,10 +7,11 @@ The hosts' start/stop/check commands are small shell scripts on the sshd's PATH 
 import pytest
 from django.utils import timezone
 
+from fleet.diagnostics import unreachable_alerts
 from fleet.models import Alert, Diagnosis, Instance
 from fleet.providers import ProviderError, get_provider, set_override
 from fleet.providers.base import Provider, ProviderInstance
-from fleet.providers.ssh import SSHProvider, WithOwnedHosts, load_hosts, unreachable_alerts
+from fleet.providers.ssh import SSHProvider, WithOwnedHosts, load_hosts
 from fleet.sync import sync_instances
 from tests import sshd as sshd_support
 from tests.sshd import free_port

@@ -17,6 +17,7 @@ from agent.policy.table import Limits
 from fleet.alerts import raise_alert, resolve
 from fleet.clock import clock
 from fleet.demand import DemandReading, read_demand
+from fleet.diagnostics import unreachable_alerts
 from fleet.events import emit
 from fleet.models import Alert, DemandSample, Diagnosis, Instance
 from fleet.providers import ProviderError
@@ -351,8 +352,6 @@ def lifecycle_alerts(world: World) -> None:
             raise_alert("stuck_provisioning", f"{inst.external_id} still {inst.status or 'provisioning'} after {age:.0f} min "
                         f"with {world.demand.queued} tasks queued and no live worker; it no longer blocks another launch",
                         severity="P1", key=f"stuck_provisioning:{inst.external_id}", instance=inst)
-    from fleet.providers.ssh import unreachable_alerts
-
     unreachable_alerts(world.instances, world.worker_for)  # owned hosts SSH cannot reach: alert + diagnosis
     void_gone_approvals()
 
