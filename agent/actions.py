@@ -7,6 +7,7 @@ and push the same way (Zulip's ``zerver/actions`` pattern: one door for writes).
 
 import hashlib
 
+from celery import current_app
 from django.db import DatabaseError, transaction
 
 from agent.models import Run, SessionState, Step
@@ -677,11 +678,11 @@ def do_start_rehearsal(day: dict, name: str, actor: str, reason: str = "", chang
     Audited as ``start_rehearsal``; announces ``rehearsals-changed``. Returns the ``Rehearsal`` row."""
     from agent.models import Rehearsal
     from agent.rehearse.day import parse_day
-    from agent.tasks import start_rehearsal
 
     parse_day(day, "the day to rehearse")
     row = Rehearsal.objects.create(name=redact(str(name or "rehearsal"))[:200], day=day, started_by=str(actor)[:150])
     do_audit(actor, "start_rehearsal", f"rehearsal:{row.pk}", reason, None, {"name": row.name, "change": change or {}})
     emit("rehearsals-changed")
-    start_rehearsal(row.pk)
+    # by name: agent.tasks (the top of agent) imports actions
+    transaction.on_commit(lambda: current_app.tasks["agent.tasks.rehearse"].delay(row.pk))
     return row

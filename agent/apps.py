@@ -7,6 +7,9 @@ class AgentConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        # Imports inside ready(): Django app loading (models exist only now). agent.tasks registers
+        # the Celery tasks that lower rooms send by name (``current_app.tasks["agent.tasks.…"]``).
+        import agent.tasks  # noqa: F401
         from agent.models import Approval
         from agent.runtime.triggers import on_event
         from fleet.events import happened

@@ -4,6 +4,19 @@ from celery import shared_task
 from django.conf import settings
 from django.db import transaction
 
+from agent.actions import do_post_message
+from agent.memory.model_digest import consolidate_by_model
+from agent.model.model_client import ModelConfig
+from agent.models import Run
+from agent.notify.notifications import deliver, scan
+from agent.rehearse.background import play_stored
+from agent.runtime import triggers
+from agent.runtime.diagnosis import diagnose_instances as run
+from agent.runtime.loop import resume_run, run_cycle
+from agent.runtime.monitor_runner import monitor_tick as tick
+from agent.runtime.sweep import sweep_decided
+from fleet.models import Instance
+
 #: Celery's time limits on the tasks that run a cycle (or the monitor) under the run lock: the
 #: last net under the Curio read's timeouts and deadline (``fleet.demand.curio.read_deadline``).
 #: The soft limit raises ``SoftTimeLimitExceeded`` inside the task (``run_cycle`` fails its run and
@@ -23,11 +36,8 @@ def observe_cycle(self, trigger: str = "heartbeat", message: str | None = None, 
     operator's "Trigger observe cycle now", a chat message) waits as a ``queued`` run and is
     retried until it runs — or until another cycle picks that queued run up (docs/faults.md).
     """
-    from agent.models import Run
-    from agent.runtime.loop import run_cycle
 
     if message:  # stored once; a retry finds it waiting in its queued run
-        from agent.actions import do_post_message
 
         do_post_message(message, actor)
     run = run_cycle(trigger, actor=actor, events="take")
@@ -44,8 +54,6 @@ def observe_cycle(self, trigger: str = "heartbeat", message: str | None = None, 
 @shared_task(name="agent.tasks.resume", bind=True, acks_late=True, **CYCLE_LIMITS)
 def resume(self, run_id: int):
     """Resume a parked run after its approvals were decided; retried while the run lock is busy."""
-    from agent.models import Run
-    from agent.runtime.loop import resume_run
 
     run = Run.objects.filter(pk=run_id).first()
     if run is None:
@@ -66,8 +74,6 @@ def triggered_cycle(self, kind: str = "event"):
     that arrived during that run start the follow-up as soon as it ends (never in parallel). A
     waiting chat message (a queued run) is run here too, one run per message.
     """
-    from agent.runtime import triggers
-    from agent.runtime.loop import run_cycle
 
     if not triggers.pending():
         return None
@@ -97,11 +103,8 @@ def monitor_tick():
     Then the sweep (``agent.runtime.sweep.sweep_decided``): a decision whose resume task was never queued
     (Redis down when the operator decided) or died with its worker is dispatched here, within a
     minute of the broker being back, not after the broker's visibility timeout."""
-    from agent.runtime.monitor_runner import monitor_tick as tick
-    from agent.runtime.sweep import sweep_decided
 
     number = tick()
-    from agent.notify.notifications import scan
 
     scan()  # approvals about to expire or expired, alerts whose silence ended
     sweep_decided()
@@ -110,12 +113,9 @@ def monitor_tick():
 
 @shared_task(name="agent.tasks.consolidate_memory", acks_late=True)
 def consolidate_memory(run_pk: int) -> int:
-    """The model's memory consolidation after run ``run_pk`` closed (``agent.memory.store.after_run``
+    """The model's memory consolidation after run ``run_pk`` closed (``agent.memory.model_digest.after_run``
     defers it here so the run's answer never waits for it). Returns the facts written; 0 when the
     run is gone or no model is configured any more."""
-    from agent.memory.model_digest import consolidate_by_model
-    from agent.model.model_client import ModelConfig
-    from agent.models import Run
 
     run = Run.objects.filter(pk=run_pk).first()
     config = ModelConfig.from_settings()
@@ -130,7 +130,6 @@ def deliver_notification(self, pk: int):
 
     Transient failures that outlast the in-process attempts are retried by Celery after 1, 2, 4,
     8 and 16 minutes; after the last retry the row is ``failed`` (audited)."""
-    from agent.notify.notifications import deliver
 
     n = deliver(pk, last_try=self.request.retries >= self.max_retries)
     if n is not None and n.status == "retrying":
@@ -146,8 +145,6 @@ def diagnose_instances(instance_pks: list, workers: dict | None = None, timeout_
     how many were diagnosed."""
     from types import SimpleNamespace
 
-    from agent.runtime.diagnosis import diagnose_instances as run
-    from fleet.models import Instance
 
     views = {int(pk): SimpleNamespace(**w) for pk, w in (workers or {}).items() if w}
     instances = list(Instance.objects.filter(pk__in=instance_pks, killed_at__isnull=True))
@@ -161,11 +158,6 @@ def rehearse(pk: int) -> str:
     progress and outcome on the row (``agent.rehearse.background.play_stored``). Returns the final
     status, ``""`` when the row is gone or was already played. Not retried: a redelivery would play
     the day twice (``acks_late`` off), and a failure is stored on the row, not raised."""
-    from agent.rehearse.background import play_stored
 
     return play_stored(pk)
 
-
-def start_rehearsal(pk: int) -> None:
-    """Enqueue the playing of rehearsal ``pk`` once the current transaction commits."""
-    transaction.on_commit(lambda: rehearse.delay(pk))

@@ -82,7 +82,7 @@ def big_day(hours: float, peak: int) -> dict:
                               + [round(base * per_worker * 0.97)] * 8},
                  "proof_s": {"RTX 4090": {"median_s": PROOF_S, "spread": 0.1}}},
         # the target climbs 16 workers at a time, every 6 minutes: the rules planner proposes every missing
-        # launch in one batch, and a batch of more than 16 calls is refused whole (agent.runtime.pipeline.MAX_BATCH_CALLS)
+        # launch in one batch, and a batch of more than 16 calls is refused whole (agent.policy.tool_specs.MAX_BATCH_CALLS)
         "operator": {"target_changes": [{"at_h": round(8 + 0.1 * k, 2), "target_proofs_hr": min(peak, base + 16 * (k + 1)) * per_worker}
                                         for k in range(-(-(peak - base) // 16))]
                      + [{"at_h": 16, "target_proofs_hr": base * per_worker}]},

@@ -25,7 +25,7 @@ from fleet.skeleton import fold_confusables
 
 #: characters of a text that are scanned: a longer text is scanned by its head and its tail, half
 #: each, which covers what the model is shown of it (observations are cut head and tail to
-#: ``observation_max_chars``, 4,000 by default, in ``agent.runtime.pipeline.truncate``)
+#: ``observation_max_chars``, 4,000 by default, in ``agent.policy.tool_specs.truncate``)
 SCAN_MAX = 200_000
 
 # JSON escapes (tool output and evidence are scanned as JSON text): ``\u200b`` is the character it

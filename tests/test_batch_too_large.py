@@ -12,9 +12,9 @@ import pytest
 
 from agent.models import SideEffect, Step
 from agent.planners.script import ScriptPlanner
+from agent.policy.tool_specs import MAX_BATCH_CALLS
 from agent.replay import isolated, load_scenario, setup_world
 from agent.runtime.loop import run_cycle
-from agent.runtime.pipeline import MAX_BATCH_CALLS
 
 ROOT = Path(__file__).resolve().parent.parent
 STOP = {"tool": "stop_instance", "args": {"instance_id": "v-102", "reason": "idle"}}

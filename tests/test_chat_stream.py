@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 
 from agent.chat.chat_answer import RAILS_HEAD
 from agent.chat.chat_stream import ChatStream, VerdictFilter
+from agent.chat.verdicts import without_verdicts
 from agent.model.model_standin import StandIn
 from agent.models import Run, Step
-from agent.planners.base import without_verdicts
 from fleet.events import streamed
 from tests.scenario_world import entry, scenario_world
 from tests.test_websocket import communicator, memory_layer, session_headers  # noqa: F401 (fixture)

@@ -9,6 +9,7 @@ from datetime import timedelta
 import pytest
 from django.db import connection
 
+from agent.memory import model_digest
 from agent.memory import store as memory
 from agent.models import Approval, MemoryFact, ShortTermMessage
 from agent.runtime.approvals import do_decide
@@ -132,7 +133,7 @@ def test_the_buffer_keeps_20_messages_and_promotes_important_ones_on_eviction():
 def test_operator_messages_of_a_run_enter_the_buffer_once():
     with rails_world() as w:
         run = w.cycle([verdict()], trigger="chat", message="always keep one spare 4090")
-        memory.after_run(run)  # closing it again buffers nothing more
+        model_digest.after_run(run)  # closing it again buffers nothing more
     assert ShortTermMessage.objects.filter(actor="user:alice", text="always keep one spare 4090", importance=0.8).count() == 1
 
 

@@ -472,6 +472,7 @@ def test_each_model_call_is_bounded_by_what_is_left_of_the_wall_clock():
 
 @pytest.mark.django_db
 def test_memory_consolidation_by_the_model_runs_after_the_answer(settings, django_capture_on_commit_callbacks):
+    from agent.memory import model_digest
     from agent.memory import store as memory
     from agent.tasks import consolidate_memory
 
@@ -480,7 +481,7 @@ def test_memory_consolidation_by_the_model_runs_after_the_answer(settings, djang
         settings.MODEL = {**settings.MODEL, "BASE_URL": standin.base_url, "MODEL": "standin"}
         run = _run(number=memory.CONSOLIDATE_EVERY)
         with django_capture_on_commit_callbacks(execute=False) as callbacks:
-            memory.after_run(run, deferred=True)
+            model_digest.after_run(run, deferred=True)
         assert standin.requests == [] and len(callbacks) == 1  # nothing asked of the model inside the run
         assert consolidate_memory(run.pk) == 1
     assert len(standin.requests) == 1

@@ -2,13 +2,14 @@
 model's (extractive summary and rule-made facts otherwise, and when the model fails).
 
 Real parts: the stand-in OpenAI-compatible server (agent/model/model_standin.py) over HTTP, the context
-builder on stored steps, ``agent.memory.store.after_run`` on the test database.
+builder on stored steps, ``agent.memory.model_digest.after_run`` on the test database.
 """
 
 import json
 
 import pytest
 
+from agent.memory import model_digest
 from agent.memory import store as memory
 from agent.memory.context import build_context
 from agent.memory.model_digest import _CACHE, ModelSummarizer, consolidate_by_model
@@ -95,7 +96,7 @@ def test_every_fifth_run_the_model_extracts_the_facts(settings):
                         created_at=NOW)
     with StandIn([_answer(json.dumps(facts))]) as standin:
         settings.MODEL = {**settings.MODEL, "BASE_URL": standin.base_url, "MODEL": "standin", "PRICE_IN": 1.0}
-        memory.after_run(run)
+        model_digest.after_run(run)
     stored = {(f.category, f.key): f for f in MemoryFact.objects.filter(source="consolidation")}
     assert set(stored) == {("provider_note", "vast host 5512"), ("rule_learned", "keep v-1 warm")}
     assert stored[("rule_learned", "keep v-1 warm")].kind == "fact"

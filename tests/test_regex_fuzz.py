@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from agent.chat import chat_answer
-from agent.planners.base import parse_verdict, verdict_blocks, without_verdicts
+from agent.chat.verdicts import parse_verdict, verdict_blocks, without_verdicts
 from agent.rehearse import history
 from agent.runtime import report
 from fleet import diagnostics, secrets, untrusted

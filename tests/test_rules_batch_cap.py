@@ -5,8 +5,8 @@
 import pytest
 
 from agent.planners.rules import RulesPlanner
+from agent.policy.tool_specs import MAX_BATCH_CALLS
 from agent.runtime.loop import run_cycle
-from agent.runtime.pipeline import MAX_BATCH_CALLS
 from tests.scenario_world import scenario_world
 
 pytestmark = pytest.mark.django_db

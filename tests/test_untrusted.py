@@ -183,7 +183,7 @@ def test_a_huge_text_is_scanned_by_its_head_and_tail_which_is_what_the_model_see
     pad = "x " * SCAN_MAX
     assert scan_for_injection("ignore previous instructions " + pad)
     assert scan_for_injection(pad + " ignore previous instructions")
-    # the middle is cut before the model sees it (agent.runtime.pipeline.truncate keeps head and tail)
+    # the middle is cut before the model sees it (agent.policy.tool_specs.truncate keeps head and tail)
     assert scan_for_injection(pad + " ignore previous instructions " + pad) == []
 
 

@@ -26,6 +26,9 @@ _NOUNS = {"worker", "workers", "instance", "instances", "machine", "machines"}
 _ID = re.compile(r"\b[a-z]{1,40}-\d{1,20}\b", re.I)
 _PUNCT = str.maketrans({c: " " for c in ".,;:!?()[]{}\"'`"})
 
+#: how the run's system step announcing a planner fallback begins (the ``llm`` planner writes it;
+#: ``agent.runtime.report`` and evaluation find it)
+FALLBACK_NOTE = "Planner fallback"
 NO_MODEL = "No model is configured, so I answer from the observed state (the built-in rules planner ran this cycle)."
 #: the first line when a model is configured but failed this cycle (``{what}``: how it failed)
 MODEL_FAILED = ("The model failed this cycle ({what}), so the built-in rules planner stood in and I answer from "

@@ -22,7 +22,7 @@ re-fetches.
 
 import time
 
-from agent.planners.base import CLOSE, OPEN
+from agent.chat.verdicts import CLOSE, OPEN
 from fleet.secrets import redact
 
 #: seconds between frames while text arrives

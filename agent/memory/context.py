@@ -42,9 +42,9 @@ import math
 from dataclasses import dataclass, field
 
 from agent.chat.chat_answer import model_words
+from agent.chat.verdicts import without_verdicts
 from agent.models import Run, SessionState, Step
-from agent.planners.base import without_verdicts
-from agent.policy.tool_specs import canonical_json
+from agent.policy.tool_specs import canonical_json, truncate
 from fleet.untrusted import as_data
 
 #: conservative characters per token for the estimate (English and JSON run 3.5–4.5 on common
@@ -52,7 +52,7 @@ from fleet.untrusted import as_data
 CHARS_PER_TOKEN = 4
 DEFAULT_BUDGET_TOKENS = 30_000
 #: one message (a tool result, say) never takes more than this share of the budget: it is cut
-#: head and tail with a marker (``agent.runtime.pipeline.truncate``)
+#: head and tail with a marker (``agent.policy.tool_specs.truncate``)
 MAX_SINGLE_SHARE = 0.25
 #: the running summary of older history takes at most this share of the budget
 SUMMARY_SHARE = 0.10
@@ -454,8 +454,6 @@ def _fits_raw(msgs: list[dict]) -> int:
 
 def _cut_to(msg: dict, chars: int) -> bool:
     """Cut ``msg``'s content head and tail to about ``chars`` (a marker says how much went)."""
-    from agent.runtime.pipeline import truncate
-
     content = msg.get("content")
     if not content or len(content) <= chars:
         return False

@@ -7,7 +7,7 @@ consolidation (docs/agent.md, Memory; docs/model.md, The context window).
   call fails or answers nothing, the extractive summary (``agent.memory.context.extractive_summary``) is
   used and the failure is logged. Summaries are cached per process by their exact input, so a
   prompt rebuilt with the same omitted history costs no second call.
-- :func:`consolidate_by_model` is what ``agent.memory.store.after_run`` runs every
+- :func:`consolidate_by_model` is what :func:`after_run` runs every
   ``CONSOLIDATE_EVERY``-th run when a model is configured: the short-term buffer, the week's host
   faults and operator rejections and the stored facts' keys go to the model with
   ``agent.model.prompt.CONSOLIDATE``; the JSON facts it returns are stored through
@@ -23,7 +23,23 @@ import json
 import logging
 from collections import OrderedDict
 
+from celery import current_app
+from django.db import transaction
+
+from agent.memory.context import extractive_summary
+from agent.memory.store import (
+    CONSOLIDATE_EVERY,
+    CONSOLIDATE_WINDOW,
+    MemoryInputError,
+    buffer_message,
+    consolidate,
+    remember,
+)
 from agent.model.model_client import ModelConfig, ModelError, chat
+from agent.model.prompt import CONSOLIDATE, SUMMARY
+from agent.models import Approval, MemoryFact, ShortTermMessage
+from fleet.clock import clock
+from fleet.models import Diagnosis
 from fleet.secrets import SecretReferenceError
 
 log = logging.getLogger(__name__)
@@ -59,8 +75,6 @@ class ModelSummarizer:
         self.used_model = False
 
     def __call__(self, lines: list[str]) -> str:
-        from agent.memory.context import extractive_summary
-        from agent.model.prompt import SUMMARY
 
         text = "\n".join(f"- {line}" for line in lines)
         if len(text) > SUMMARY_INPUT_CHARS:
@@ -94,11 +108,6 @@ class ModelSummarizer:
 def consolidation_evidence() -> str:
     """The text the consolidating model reads: the short-term buffer, the week's host faults and
     operator rejections, and the stored facts' category/key (so it updates rather than repeats)."""
-    from agent.memory.store import CONSOLIDATE_WINDOW
-    from agent.models import Approval, MemoryFact, ShortTermMessage
-    from fleet.clock import clock
-    from fleet.models import Diagnosis
-
     since = clock.now() - CONSOLIDATE_WINDOW
     parts = ["Latest messages (oldest first):"]
     parts += [f"- {m.actor}: {m.text[:600]}" for m in ShortTermMessage.objects.order_by("id")[:40]] or ["- none"]
@@ -137,9 +146,6 @@ def consolidate_by_model(config: ModelConfig, run=None) -> list:
     rows written. Falls back to ``agent.memory.store.consolidate`` (rule-made facts) when the call fails
     or the answer is unusable; a single bad fact (empty value, importance out of range) is skipped
     and logged. Raises nothing."""
-    from agent.memory.store import MemoryInputError, consolidate, remember
-    from agent.model.prompt import CONSOLIDATE
-
     messages = [{"role": "system", "content": CONSOLIDATE.format(limit=CONSOLIDATE_MAX_FACTS)},
                 {"role": "user", "content": consolidation_evidence()}]
     try:
@@ -164,3 +170,34 @@ def consolidate_by_model(config: ModelConfig, run=None) -> list:
         except MemoryInputError as exc:
             log.warning("memory consolidation: a fact was skipped: %s", exc)
     return made
+
+
+def after_run(run, *, deferred: bool = False) -> list[MemoryFact]:
+    """Called when a run closes: buffers its operator messages and final answer (once per run), and on every
+    :data:`CONSOLIDATE_EVERY`-th run number consolidates (by the model when one is configured).
+    ``deferred`` (what ``agent.runtime.runs.close_run`` passes): the model's consolidation, a call of its
+    own that took a small local model 50 s, runs after the answer in the Celery task
+    ``agent.tasks.consolidate_memory`` once the transaction commits, not inside the run.
+    Returns the facts made or promoted (here and now)."""
+    made = []
+    if not ShortTermMessage.objects.filter(run_number=run.number).exists():  # a run closes once in the buffer
+        for s in run.steps.filter(kind="message").exclude(actor="system"):
+            made += buffer_message(s.text, s.actor, run_number=run.number)
+        if run.final_answer:
+            made += buffer_message(run.final_answer, "agent", run_number=run.number)
+    if run.number % CONSOLIDATE_EVERY == 0:
+        config = ModelConfig.from_settings()
+        if config is None:
+            made += consolidate()
+        elif deferred:
+            transaction.on_commit(lambda: _enqueue_consolidation(run.pk))
+        else:  # the model extracts the facts (rule-made ones when it cannot: agent.memory.model_digest)
+            made += consolidate_by_model(config, run)
+    return made
+
+
+def _enqueue_consolidation(run_pk: int) -> None:
+    try:  # by name: agent.tasks is the top of agent and imports this room
+        current_app.tasks["agent.tasks.consolidate_memory"].apply_async((run_pk,), retry=False)
+    except Exception:  # noqa: BLE001 — no broker: the facts wait for the next consolidation
+        log.warning("memory consolidation after run pk %s could not be queued", run_pk, exc_info=True)

@@ -240,43 +240,6 @@ def consolidate() -> list[MemoryFact]:
     return made
 
 
-def after_run(run, *, deferred: bool = False) -> list[MemoryFact]:
-    """Called when a run closes: buffers its operator messages and final answer (once per run), and on every
-    :data:`CONSOLIDATE_EVERY`-th run number consolidates (by the model when one is configured).
-    ``deferred`` (what ``agent.runtime.runs.close_run`` passes): the model's consolidation, a call of its
-    own that took a small local model 50 s, runs after the answer in the Celery task
-    ``agent.tasks.consolidate_memory`` once the transaction commits, not inside the run.
-    Returns the facts made or promoted (here and now)."""
-    made = []
-    if not ShortTermMessage.objects.filter(run_number=run.number).exists():  # a run closes once in the buffer
-        for s in run.steps.filter(kind="message").exclude(actor="system"):
-            made += buffer_message(s.text, s.actor, run_number=run.number)
-        if run.final_answer:
-            made += buffer_message(run.final_answer, "agent", run_number=run.number)
-    if run.number % CONSOLIDATE_EVERY == 0:
-        from agent.model.model_client import ModelConfig
-
-        config = ModelConfig.from_settings()
-        if config is None:
-            made += consolidate()
-        elif deferred:
-            transaction.on_commit(lambda: _enqueue_consolidation(run.pk))
-        else:  # the model extracts the facts (rule-made ones when it cannot: agent.memory.model_digest)
-            from agent.memory.model_digest import consolidate_by_model
-
-            made += consolidate_by_model(config, run)
-    return made
-
-
-def _enqueue_consolidation(run_pk: int) -> None:
-    from agent.tasks import consolidate_memory
-
-    try:
-        consolidate_memory.apply_async((run_pk,), retry=False)
-    except Exception:  # noqa: BLE001 — no broker: the facts wait for the next consolidation
-        log.warning("memory consolidation after run pk %s could not be queued", run_pk, exc_info=True)
-
-
 # --- operator changes (the memory page) ---------------------------------------------------------
 def _state(f: MemoryFact) -> dict:
     return {"category": f.category, "key": f.key, "value": f.value, "importance": f.importance, "kind": f.kind}

@@ -25,6 +25,7 @@ import urllib.error
 import urllib.request
 from datetime import timedelta
 
+from celery import current_app
 from django.conf import settings
 from django.core.mail import EmailMessage, get_connection
 from django.db import IntegrityError, transaction
@@ -142,10 +143,8 @@ def _one_line(text: str) -> str:
 def enqueue(pk: int) -> bool:
     """Hand notification ``pk`` to Celery. A broker that is down never breaks the event that
     raised it: the row stays ``queued`` and :func:`scan` hands it over again. Returns True when sent."""
-    from agent.tasks import deliver_notification
-
-    try:
-        deliver_notification.delay(pk)
+    try:  # by name: agent.tasks is the top of agent and imports this room
+        current_app.tasks["agent.tasks.deliver_notification"].delay(pk)
         return True
     except Exception as exc:  # noqa: BLE001 — kombu/redis errors vary; the scan re-sends
         log.warning("notification %s not enqueued (%s); the monitor's scan re-sends it", pk, type(exc).__name__)

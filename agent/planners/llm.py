@@ -28,6 +28,7 @@ failed answer is dispatched: a failed answer never becomes a turn.
 
 import logging
 
+from agent.chat.chat_answer import FALLBACK_NOTE
 from agent.model.model_client import ModelConfig, ModelError, chat, context_window, estimate, wire_schema
 from agent.planners.base import Planner, Proposal, Turn
 from fleet.clock import clock
@@ -35,8 +36,6 @@ from fleet.secrets import SecretReferenceError, redact
 
 log = logging.getLogger(__name__)
 
-#: how the run's system step announcing a fallback begins (``agent.runtime.report`` repeats it)
-FALLBACK_NOTE = "Planner fallback"
 #: the one alert key of the condition "the model fails and the rules planner stands in"
 FALLBACK_KEY = "planner_fallback"
 #: context budgets learnt from a server's context-length answers, per (base URL, model)

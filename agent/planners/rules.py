@@ -32,7 +32,7 @@ from agent.policy.capacity import SIZING_SLACK, draining, per_worker_rate  # noq
 from agent.policy.guards import idle_refusal
 from agent.policy.lifecycle import recent_rejection
 from agent.policy.table import is_forbidden
-from agent.runtime.pipeline import MAX_BATCH_CALLS
+from agent.policy.tool_specs import MAX_BATCH_CALLS
 from fleet.clock import clock
 from fleet.lifecycle import from_machine, is_terminal
 
@@ -345,7 +345,7 @@ class RulesPlanner(Planner):
 
 
 def _within_one_batch(calls: list[Proposal]) -> list[Proposal]:
-    """At most :data:`agent.runtime.pipeline.MAX_BATCH_CALLS` calls, the launches cut first: a batch larger
+    """At most :data:`agent.policy.tool_specs.MAX_BATCH_CALLS` calls, the launches cut first: a batch larger
     than that is refused whole (``batch_too_large``), so a need of 400 new workers proposed at once
     launched none. The launches left out are proposed again by the next cycle's sizing, which
     counts the ones this batch started."""

@@ -38,6 +38,10 @@ class SearchOffersArgs(_Args):
     min_disk_gb: float | None = Field(default=None, ge=0)
 
 
+#: the most calls one parallel batch may hold; a larger batch is refused whole before any call
+#: runs (``batch_too_large``, docs/contract.md)
+MAX_BATCH_CALLS = 16
+
 #: search_offers filters only some providers take
 OFFER_FILTERS = ("min_gpu_ram_gb", "min_reliability", "min_cuda", "min_disk_gb")
 
@@ -132,3 +136,13 @@ TOOLS: dict[str, Tool] = {
 
 #: tools a planner may call (internal fallbacks are not)
 PUBLIC_TOOLS = sorted(name for name, t in TOOLS.items() if not t.extra.get("internal"))
+
+
+def truncate(text: str, limit: int) -> str:
+    """Cut ``text`` to about ``limit`` characters, keeping head and tail, with a marker saying how much went."""
+    if len(text) <= limit:
+        return text
+    head = limit * 2 // 3
+    tail = limit - head
+    removed = len(text) - head - tail
+    return f"{text[:head]}\n[… {removed} characters removed …]\n{text[-tail:]}"

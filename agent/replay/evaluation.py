@@ -33,6 +33,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.chat.chat_answer import FALLBACK_NOTE
 from agent.replay.file_format import ScenarioFileError, load_scenario
 from agent.replay.run import Replay
 
@@ -309,7 +310,6 @@ def score_case(case: Case, sc, replay, report: dict | None, *, crash: str = "", 
     from django.db.models import Count, Q, Sum
 
     from agent.models import ModelCall, Step
-    from agent.planners.llm import FALLBACK_NOTE
     from agent.policy.invariants import check_all
     from agent.replay.report import OUTCOMES_DISPATCHED, OUTCOMES_EXECUTED, _match_list, args_agree, flat_calls
 

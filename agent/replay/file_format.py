@@ -12,7 +12,7 @@ path such as ``fleet[3].dph``) and the problem; never a traceback, never a guess
 - unknown keys are errors; no string or boolean is coerced to a number (``"0.45"``, ``true``);
 - ranges: ``now`` in the years 2000–2100; minutes and ages finite and at most
   :data:`MAX_MINUTES`; counts at most :data:`MAX_COUNT`; at most :data:`MAX_FLEET` fleet entries
-  and :data:`agent.runtime.pipeline.MAX_BATCH_CALLS` calls in a ``parallel`` step;
+  and :data:`agent.policy.tool_specs.MAX_BATCH_CALLS` calls in a ``parallel`` step;
 - ``now`` carries a time zone; ids (fleet, offers, history, timeline) hold no control characters;
 - a step is one kind of turn (``text`` beside a call is refused, as ``args`` beside
   ``raw_arguments``); ``history`` names only instances of ``fleet``;
@@ -47,7 +47,7 @@ from pydantic import (
 )
 
 from agent.policy.limits import LIMIT_RANGES, MAX_LIFECYCLE_MIN, MAX_TARGET_PROOFS_HR, Limits
-from agent.runtime.pipeline import MAX_BATCH_CALLS
+from agent.policy.tool_specs import MAX_BATCH_CALLS
 from fleet.numbers import NumberError, parse_number
 
 MAX_FILE_BYTES = 32 * 1024 * 1024

@@ -15,6 +15,7 @@ redacted; it never holds a secret.
 import json
 import logging
 
+from celery import current_app
 from pydantic import ValidationError
 
 from fleet.audit import do_audit
@@ -167,7 +168,6 @@ def diagnose_fanout(instances, *, workers: dict | None = None, timeout_s: float 
     from celery import group
     from django.db import connection
 
-    from agent.tasks import diagnose_instances as task
     from fleet.clock import clock
     from fleet.models import Diagnosis
     from fleet.ssh import CONNECT_TIMEOUT_S
@@ -176,6 +176,7 @@ def diagnose_fanout(instances, *, workers: dict | None = None, timeout_s: float 
     pks = [i.pk for i in instances]
     views = {str(pk): _worker_dict((workers or {}).get(pk)) for pk in pks}
     chunks = [pks[n:n + chunk] for n in range(0, len(pks), chunk)]
+    task = current_app.tasks["agent.tasks.diagnose_instances"]  # by name: agent.tasks imports this module
     group(task.s(c, {str(pk): views[str(pk)] for pk in c}, timeout_s) for c in chunks).apply_async()
     deadline = time.monotonic() + timeout_s + CONNECT_TIMEOUT_S + 5
     found: dict = {}

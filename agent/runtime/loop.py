@@ -13,8 +13,8 @@ Every step is persisted as it happens.
 
 import logging
 
+from agent.chat.verdicts import has_verdict_block, parse_verdict
 from agent.models import Approval, Run, SessionState, Step
-from agent.planners.base import has_verdict_block, parse_verdict
 from agent.policy.table import effective_limits, effective_policy
 from agent.runtime import triggers
 from agent.runtime.approvals import undispatched

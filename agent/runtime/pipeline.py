@@ -27,6 +27,7 @@ from agent.policy.guards import check as guard_check
 from agent.policy.guards import duplicate as duplicate_refusal
 from agent.policy.lifecycle import forced_approval
 from agent.policy.table import PRIORITIES, is_forbidden, policy_for
+from agent.policy.tool_specs import MAX_BATCH_CALLS, truncate
 from agent.runtime.breakers import Halt
 from agent.runtime.observe import with_retries
 from agent.runtime.tools import PUBLIC_TOOLS, TOOLS, ToolContext, ToolError, canonical_json
@@ -38,10 +39,6 @@ from fleet.untrusted import scan_for_injection
 
 log = logging.getLogger(__name__)
 
-#: the most calls one parallel batch may hold; a larger batch is refused whole before any call
-#: runs (``batch_too_large``, docs/contract.md)
-MAX_BATCH_CALLS = 16
-
 
 def idempotency_key(run_number: int, turn: int, position: int, tool: str, args: dict | None) -> str:
     """The runtime's key: run, turn, position in the turn, tool and canonical arguments.
@@ -50,16 +47,6 @@ def idempotency_key(run_number: int, turn: int, position: int, tool: str, args: 
     """
     raw = f"{run_number}|{turn}|{position}|{tool}|{canonical_json(args)}"
     return hashlib.sha256(raw.encode()).hexdigest()[:40]
-
-
-def truncate(text: str, limit: int) -> str:
-    """Cut ``text`` to about ``limit`` characters, keeping head and tail, with a marker saying how much went."""
-    if len(text) <= limit:
-        return text
-    head = limit * 2 // 3
-    tail = limit - head
-    removed = len(text) - head - tail
-    return f"{text[:head]}\n[… {removed} characters removed …]\n{text[-tail:]}"
 
 
 def ok_observation(payload, limit: int) -> str:

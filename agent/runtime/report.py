@@ -9,8 +9,9 @@ runtime actually returned).
 
 import re
 
+from agent.chat.chat_answer import FALLBACK_NOTE, model_words
+from agent.chat.verdicts import without_verdicts
 from agent.models import Run
-from agent.planners.base import without_verdicts
 
 # bounded repeats: a scan of the model's answer is linear (tests/test_regex_fuzz.py)
 _ID = re.compile(r"\b[a-z]{1,40}-\d{1,20}\b")
@@ -39,7 +40,6 @@ def final_report(run: Run) -> str:
         lines.append(f"Demand was {demand.get('state')}: {demand.get('error') or 'no fresh read'} (counts unknown, not zero).")
     if run.halt_detail:
         lines.append(f"Why it stopped: {run.halt_detail}")
-    from agent.planners.llm import FALLBACK_NOTE
 
     lines.extend(run.steps.filter(kind="message", actor="system", text__startswith=FALLBACK_NOTE).values_list("text", flat=True))
     lines.append("Done: " + (", ".join(_call(s) + (" (approved)" if s.outcome == "approved_executed" else "") for s in done) or "nothing"))
@@ -135,7 +135,6 @@ def entailment_flags(run: Run) -> list[str]:
     """Ids and numbers in ``run.final_answer`` that no observation of the run contains, nor any
     text the runtime itself computed in it (:func:`runtime_text`). The model's words only: the
     runtime's own note on refused and parked calls is not a claim to check."""
-    from agent.chat.chat_answer import model_words
 
     answer = without_verdicts(model_words(run.final_answer))
     if not answer:

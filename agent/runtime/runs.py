@@ -361,7 +361,7 @@ def close_run(run: Run) -> None:
     run.save()
     emit("runs-changed", "chat-changed", "fleet-changed")  # the answer first; memory upkeep after it
     if run.status != "parked":
-        from agent.memory.store import after_run
+        from agent.memory.model_digest import after_run
 
         try:
             after_run(run, deferred=True)  # the model's consolidation runs in its own task

@@ -50,6 +50,7 @@ import time
 import uuid
 
 import redis
+from celery import current_app
 from django.conf import settings
 
 log = logging.getLogger(__name__)
@@ -139,8 +140,7 @@ def fire(kind: str, detail: str = "", *, at: float | None = None) -> dict | None
     r = _redis()
     res = r.eval(_FIRE, 3, _key("pending"), _key(f"window:{priority}"), _key(f"follow:{priority}"),
                  json.dumps(event), window_ms)
-    from agent.tasks import triggered_cycle
-
+    triggered_cycle = current_app.tasks["agent.tasks.triggered_cycle"]  # by name: agent.tasks imports triggers
     if res == -1:
         event["edge"] = "lead"
         triggered_cycle.delay(kind)

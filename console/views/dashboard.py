@@ -19,8 +19,8 @@ from agent.actions import (
     do_post_message,
     do_set_target,
 )
+from agent.chat.verdicts import without_verdicts
 from agent.models import Run, SessionState, Step
-from agent.planners.base import without_verdicts
 from console.forms import (
     EnqueueForm,
     MessageForm,
