@@ -63,7 +63,8 @@ test-model: venv-dev
 stop: venv
 	$(BIN)/python manage.py bootstrap --stop-workers --stop-redis
 
-# ruff, and import-linter's contracts (pyproject.toml [tool.importlinter]): console > agent > fleet
+# ruff, and import-linter's contracts (pyproject.toml [tool.importlinter]): console > agent > fleet, and the
+# order of agent's rooms
 lint: venv-dev
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports

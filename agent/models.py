@@ -57,7 +57,7 @@ class Run(models.Model):
     verdict_state_changed = models.BooleanField(null=True)
     tokens_in = models.PositiveIntegerField(default=0)
     tokens_out = models.PositiveIntegerField(default=0)
-    # the tokens the ``token_budget`` breaker counts: what the run added (agent.breakers)
+    # the tokens the ``token_budget`` breaker counts: what the run added (agent.runtime.breakers)
     budget_tokens = models.PositiveIntegerField(default=0)
     # dollars the run's model calls cost (ModelCall.cost_usd summed; WARDEN_MODEL_PRICE_IN/_OUT)
     cost_usd = models.FloatField(default=0.0)
@@ -67,7 +67,7 @@ class Run(models.Model):
     # instance ids / numbers in the final answer that appear in no observation of the run
     entailment_flags = models.JSONField(default=list, blank=True)
     cancel_requested = models.BooleanField(default=False)
-    # the trigger events this run took (agent.triggers.drain): [{"id", "kind", "priority", "detail", "at"}]
+    # the trigger events this run took (agent.runtime.triggers.drain): [{"id", "kind", "priority", "detail", "at"}]
     trigger_events = models.JSONField(default=list, blank=True)
     started_at = models.DateTimeField()
     ended_at = models.DateTimeField(null=True, blank=True)
@@ -75,7 +75,7 @@ class Run(models.Model):
     class Meta:
         ordering = ["-number"]
         constraints = [
-            # one run at a time: the run lock's second net (agent.runs)
+            # one run at a time: the run lock's second net (agent.runtime.runs)
             models.UniqueConstraint(fields=["status"], condition=models.Q(status="running"), name="one_running_run"),
         ]
 
@@ -147,7 +147,7 @@ class Step(models.Model):
     tokens = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField()
     duration_ms = models.FloatField(null=True)
-    # the facts the runtime scored a launch, resume or retirement on (agent.capacity):
+    # the facts the runtime scored a launch, resume or retirement on (agent.policy.capacity):
     # {"priority": {"proposed", "facts"}, "need": {"workers", "capacity", "live", "starting",
     # "within"}, "retires_capacity": bool}; empty for other calls
     facts = models.JSONField(default=dict, blank=True)
@@ -176,7 +176,7 @@ class Approval(models.Model):
     )
     comment = models.TextField(blank=True)
     outcome_detail = models.TextField(blank=True)
-    # the situation when it was parked (agent.pipeline.situation): demand, queue, workers, target
+    # the situation when it was parked (agent.runtime.pipeline.situation): demand, queue, workers, target
     situation = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField()
     expires_at = models.DateTimeField()
@@ -189,7 +189,7 @@ class Approval(models.Model):
 class SideEffect(models.Model):
     """The claim that makes a side-effect tool run at most once per idempotency key.
 
-    Inserted before dispatch, in the same transaction as its intent audit row (``agent.claims``).
+    Inserted before dispatch, in the same transaction as its intent audit row (``agent.policy.claims``).
     ``status``: claimed (open: the effect may be happening) | done | failed. ``code`` says why a
     claim closed or is doubtful: ``outcome_unknown`` (the request was sent and its answer lost),
     ``stale_claim`` (settled against the provider and not found there: it never ran). ``worker``
@@ -227,9 +227,9 @@ class MemoryFact(models.Model):
     """One thing the agent remembers across resets (the tool ``remember``; the long-term layer of docs/agent.md, Memory).
 
     ``kind``: ``fact`` — structured, permanent until changed (scored by ``importance`` alone) — or
-    ``memory`` — long-term, scored ``importance × 0.5^(age_days / 7)`` (``agent.memory``).
+    ``memory`` — long-term, scored ``importance × 0.5^(age_days / 7)`` (``agent.memory.store``).
     ``category``: ``machine_perf``, ``provider_note``, ``rule_learned``, ``incident``, ``rejection``
-    (written by ``agent.approvals``) or any other word. ``source``: agent | operator |
+    (written by ``agent.runtime.approvals``) or any other word. ``source``: agent | operator |
     consolidation | promotion | approvals. Text is redacted before it is stored.
     """
 
@@ -247,7 +247,7 @@ class MemoryFact(models.Model):
 
 
 class ShortTermMessage(models.Model):
-    """The short-term buffer: the last ``agent.memory.BUFFER_SIZE`` messages (operator and agent).
+    """The short-term buffer: the last ``agent.memory.store.BUFFER_SIZE`` messages (operator and agent).
 
     When a message is evicted and its ``importance`` is above ``PROMOTE_ABOVE`` it becomes a
     long-term :class:`MemoryFact` (kind ``memory``, source ``promotion``).
@@ -264,12 +264,12 @@ class ShortTermMessage(models.Model):
 
 
 class NotificationSettings(models.Model):
-    """One operator's notification settings (the Notifications page; ``agent.notifications``).
+    """One operator's notification settings (the Notifications page; ``agent.notify.notifications``).
 
     ``email``: the address mail goes to (empty: no email). ``webhook_ref``: where the webhook URL
     lives, ``env:NAME`` or ``file:/path`` (``fleet.secrets.resolve`` at send time; a Slack
     incoming-webhook URL carries its token, so the URL itself is never stored). ``kinds``: the
-    notification kinds wanted (``agent.notifications.KINDS``).
+    notification kinds wanted (``agent.notify.notifications.KINDS``).
     """
 
     user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="notification_settings")

@@ -1,8 +1,20 @@
-"""Celery tasks: thin wrappers over the one cycle entry point (``agent.loop``)."""
+"""Celery tasks: thin wrappers over the one cycle entry point (``agent.runtime.loop``)."""
 
 from celery import shared_task
 from django.conf import settings
 from django.db import transaction
+
+from agent.memory.model_digest import consolidate_by_model
+from agent.model.model_client import ModelConfig
+from agent.models import Run
+from agent.notify.notifications import deliver, scan
+from agent.rehearse.background import play_stored
+from agent.runtime import triggers
+from agent.runtime.diagnosis import diagnose_instances as run
+from agent.runtime.loop import resume_run, run_cycle
+from agent.runtime.monitor_runner import monitor_tick as tick
+from agent.runtime.sweep import sweep_decided
+from fleet.models import Instance
 
 #: Celery's time limits on the tasks that run a cycle (or the monitor) under the run lock: the
 #: last net under the Curio read's timeouts and deadline (``fleet.demand.curio.read_deadline``).
@@ -23,8 +35,6 @@ def observe_cycle(self, trigger: str = "heartbeat", message: str | None = None, 
     operator's "Trigger observe cycle now", a chat message) waits as a ``queued`` run and is
     retried until it runs — or until another cycle picks that queued run up (docs/faults.md).
     """
-    from agent.loop import run_cycle
-    from agent.models import Run
 
     if message:  # stored once; a retry finds it waiting in its queued run
         from agent.actions.runs import do_post_message
@@ -44,8 +54,6 @@ def observe_cycle(self, trigger: str = "heartbeat", message: str | None = None, 
 @shared_task(name="agent.tasks.resume", bind=True, acks_late=True, **CYCLE_LIMITS)
 def resume(self, run_id: int):
     """Resume a parked run after its approvals were decided; retried while the run lock is busy."""
-    from agent.loop import resume_run
-    from agent.models import Run
 
     run = Run.objects.filter(pk=run_id).first()
     if run is None:
@@ -59,15 +67,13 @@ def resume(self, run_id: int):
 
 @shared_task(name="agent.tasks.triggered_cycle", bind=True, acks_late=True, max_retries=None, **CYCLE_LIMITS)
 def triggered_cycle(self, kind: str = "event"):
-    """The run of a trigger event (``agent.triggers.fire``); returns the run number, or ``None``
+    """The run of a trigger event (``agent.runtime.triggers.fire``); returns the run number, or ``None``
     when an earlier run already took every waiting event.
 
-    Tries again (every ``agent.triggers.RETRY_S``, backing off to 1 s) while another run holds the lock, so the events
+    Tries again (every ``agent.runtime.triggers.RETRY_S``, backing off to 1 s) while another run holds the lock, so the events
     that arrived during that run start the follow-up as soon as it ends (never in parallel). A
     waiting chat message (a queued run) is run here too, one run per message.
     """
-    from agent import triggers
-    from agent.loop import run_cycle
 
     if not triggers.pending():
         return None
@@ -94,14 +100,11 @@ def start_resume(run_id: int) -> None:
 def monitor_tick():
     """The monitor's lifecycle rules (beat, every 60 s); returns a run number when it acted.
 
-    Then the sweep (``agent.sweep.sweep_decided``): a decision whose resume task was never queued
+    Then the sweep (``agent.runtime.sweep.sweep_decided``): a decision whose resume task was never queued
     (Redis down when the operator decided) or died with its worker is dispatched here, within a
     minute of the broker being back, not after the broker's visibility timeout."""
-    from agent.monitor_runner import monitor_tick as tick
-    from agent.sweep import sweep_decided
 
     number = tick()
-    from agent.notifications import scan
 
     scan()  # approvals about to expire or expired, alerts whose silence ended
     sweep_decided()
@@ -110,12 +113,9 @@ def monitor_tick():
 
 @shared_task(name="agent.tasks.consolidate_memory", acks_late=True)
 def consolidate_memory(run_pk: int) -> int:
-    """The model's memory consolidation after run ``run_pk`` closed (``agent.memory.after_run``
+    """The model's memory consolidation after run ``run_pk`` closed (``agent.memory.model_digest.after_run``
     defers it here so the run's answer never waits for it). Returns the facts written; 0 when the
     run is gone or no model is configured any more."""
-    from agent.model_client import ModelConfig
-    from agent.model_digest import consolidate_by_model
-    from agent.models import Run
 
     run = Run.objects.filter(pk=run_pk).first()
     config = ModelConfig.from_settings()
@@ -126,11 +126,10 @@ def consolidate_memory(run_pk: int) -> int:
 
 @shared_task(name="agent.tasks.deliver_notification", bind=True, acks_late=True, max_retries=5)
 def deliver_notification(self, pk: int):
-    """Send one queued notification (``agent.notifications.deliver``); returns its status.
+    """Send one queued notification (``agent.notify.notifications.deliver``); returns its status.
 
     Transient failures that outlast the in-process attempts are retried by Celery after 1, 2, 4,
     8 and 16 minutes; after the last retry the row is ``failed`` (audited)."""
-    from agent.notifications import deliver
 
     n = deliver(pk, last_try=self.request.retries >= self.max_retries)
     if n is not None and n.status == "retrying":
@@ -140,14 +139,12 @@ def deliver_notification(self, pk: int):
 
 @shared_task(name="agent.tasks.diagnose_instances", acks_late=True)
 def diagnose_instances(instance_pks: list, workers: dict | None = None, timeout_s: float = 30) -> int:
-    """One chunk of a diagnosis fan-out (``agent.diagnosis.diagnose_fanout``): diagnose these
+    """One chunk of a diagnosis fan-out (``agent.runtime.diagnosis.diagnose_fanout``): diagnose these
     instances in this worker's thread pool and store their diagnoses. ``workers`` maps each pk (as a
     string) to its worker view (``live``, ``unschedulable``, ``owned_tasks``) or ``None``. Returns
     how many were diagnosed."""
     from types import SimpleNamespace
 
-    from agent.diagnosis import diagnose_instances as run
-    from fleet.models import Instance
 
     views = {int(pk): SimpleNamespace(**w) for pk, w in (workers or {}).items() if w}
     instances = list(Instance.objects.filter(pk__in=instance_pks, killed_at__isnull=True))
@@ -161,11 +158,6 @@ def rehearse(pk: int) -> str:
     progress and outcome on the row (``agent.rehearse.background.play_stored``). Returns the final
     status, ``""`` when the row is gone or was already played. Not retried: a redelivery would play
     the day twice (``acks_late`` off), and a failure is stored on the row, not raised."""
-    from agent.rehearse.background import play_stored
 
     return play_stored(pk)
 
-
-def start_rehearsal(pk: int) -> None:
-    """Enqueue the playing of rehearsal ``pk`` once the current transaction commits."""
-    transaction.on_commit(lambda: rehearse.delay(pk))

@@ -1,4 +1,4 @@
-"""Build time of the model's context (``agent.context.build_context``) over a long session.
+"""Build time of the model's context (``agent.memory.context.build_context``) over a long session.
 
 Goal (bench/README.md): **≤ 100 ms at 10,000 stored messages** (the default 30,000-token budget).
 
@@ -86,7 +86,7 @@ def measure(reps: int) -> dict:
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from agent.context import build_context
+    from agent.memory.context import build_context
 
     build_context()  # warm-up
     times = []
@@ -112,7 +112,7 @@ def main(argv=None) -> int:
     from django.db import connection
     from django.test.utils import setup_databases, teardown_databases
 
-    from agent.context import DEFAULT_BUDGET_TOKENS
+    from agent.memory.context import DEFAULT_BUDGET_TOKENS
 
     cfg = setup_databases(verbosity=0, interactive=False, aliases={"default"})
     try:

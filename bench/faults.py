@@ -194,9 +194,9 @@ def counter_lock():
 
 
 def kill_worker_mid_approval(stack: Stack, row: Row, user) -> None:
-    from agent.approvals import do_decide
     from agent.models import Approval, SideEffect
     from agent.planners.script import ScriptPlanner
+    from agent.runtime.approvals import do_decide
     from agent.tasks import start_resume
 
     clean_fleet()
@@ -273,7 +273,7 @@ def kill_worker_mid_run(stack: Stack, row: Row, user) -> None:
 def cycle_here(planner):
     """``run_cycle`` in the bench process with ``planner``; waits (up to 60 s) while a cycle of the
     stack's worker holds the run lock (``run_cycle`` returns None then)."""
-    from agent.loop import run_cycle
+    from agent.runtime.loop import run_cycle
 
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -573,12 +573,12 @@ def provider_faults(rows: dict, reps: int) -> None:
 
 
 def model_faults(rows: dict, reps: int) -> None:
-    """The ``llm`` planner against a local OpenAI-compatible stand-in (agent/model_standin.py) whose
+    """The ``llm`` planner against a local OpenAI-compatible stand-in (agent/model/model_standin.py) whose
     first answer is a timeout, a 429, or a tool call with truncated argument JSON; then the model asks
     for one P0 launch and answers. Recovered: the run ended with exactly one launch at the cloud
     (the model's retry or its corrected call is never a second rented machine), nothing stuck."""
-    from agent.model_client import ModelConfig
-    from agent.model_standin import StandIn
+    from agent.model.model_client import ModelConfig
+    from agent.model.model_standin import StandIn
     from agent.models import SessionState
     from agent.planners.llm import LlmPlanner
     from fleet.models import Instance
@@ -721,7 +721,7 @@ def make_run_faults(stack: Stack, rows: dict, reps: int) -> None:
         stack.start_beat()
 
 
-# --- an operator's decision during an outage (agent/sweep.py) ------------------------------------
+# --- an operator's decision during an outage (agent/runtime/sweep.py) ------------------------------------
 def _park_p1_launch():
     from agent.models import Approval, SessionState
     from agent.planners.script import ScriptPlanner
@@ -741,8 +741,8 @@ def _park_p1_launch():
 
 def _approval_fault_done() -> None:
     """Back to the default policy; launches the heartbeat parked meanwhile are rejected."""
-    from agent.approvals import DecisionError, do_decide
     from agent.models import Approval, SessionState
+    from agent.runtime.approvals import DecisionError, do_decide
 
     state = SessionState.get()
     state.overrides = {}
@@ -757,8 +757,8 @@ def _approval_fault_done() -> None:
 def _executed_once(approval, user) -> bool:
     """The approved launch executed and nothing left claimed; one sent back to ``waiting`` by a
     ``stale_claim`` is approved again, as an operator would."""
-    from agent.approvals import do_decide
     from agent.models import Approval, SideEffect
+    from agent.runtime.approvals import do_decide
     from agent.tasks import start_resume
 
     a = Approval.objects.get(pk=approval.pk)
@@ -825,8 +825,8 @@ def kill_worker_after_approval(stack: Stack, row: Row, user) -> None:
     """A P1 launch approved; the worker SIGKILLed 0.25 s later, restarted with the production
     visibility timeout (900 s), so only the monitor's sweep can bring the resume back in time.
     Recovered: the launch executed once, nothing stuck."""
-    from agent.approvals import do_decide
     from agent.models import Approval
+    from agent.runtime.approvals import do_decide
     from agent.tasks import start_resume
 
     approval = _park_p1_launch()

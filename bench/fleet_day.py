@@ -12,7 +12,7 @@ minute, approvals answered by the day's operator. Measured in the child: wall an
 ``run_day`` (migration excluded; on a loaded machine the CPU time is the steadier number), peak
 resident memory (``ru_maxrss``), cycles (the result's ``cycles``: runs of
 the heartbeat, events, the monitor and resumed approvals) per second, and — for every call of
-``agent.loop.run_cycle`` and ``agent.monitor_runner.monitor_tick`` — its time and queries, bucketed
+``agent.runtime.loop.run_cycle`` and ``agent.runtime.monitor_runner.monitor_tick`` — its time and queries, bucketed
 by the number of instances not destroyed at that moment (counted outside the measurement), with
 the calls that made no tool call also counted apart (``-steady``), and the big day's cost per call
 divided by the small day's from the same run (the growth with the fleet, whatever the load).
@@ -84,7 +84,7 @@ def big_day(hours: float, peak: int) -> dict:
                               + [round(base * per_worker * 0.97)] * 8},
                  "proof_s": {"RTX 4090": {"median_s": PROOF_S, "spread": 0.1}}},
         # the target climbs 16 workers at a time, every 6 minutes: the rules planner proposes every missing
-        # launch in one batch, and a batch of more than 16 calls is refused whole (agent.pipeline.MAX_BATCH_CALLS)
+        # launch in one batch, and a batch of more than 16 calls is refused whole (agent.policy.tool_specs.MAX_BATCH_CALLS)
         "operator": {"target_changes": [{"at_h": round(8 + 0.1 * k, 2), "target_proofs_hr": min(peak, base + 16 * (k + 1)) * per_worker}
                                         for k in range(-(-(peak - base) // 16))]
                      + [{"at_h": 16, "target_proofs_hr": base * per_worker}]},
@@ -147,8 +147,8 @@ def child(name: str, hours: float, peak: int, profile: int) -> int:
     from django.core.management import call_command
     from django.db import connection
 
-    from agent import loop, monitor_runner
     from agent.rehearse.sim import run_day
+    from agent.runtime import loop, monitor_runner
 
     current_app.conf.broker_url = "memory://"
     call_command("migrate", verbosity=0, interactive=False)

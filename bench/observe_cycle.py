@@ -5,7 +5,7 @@ Goals (bench/README.md): ≤ 50 ms at 100 instances, ≤ 300 ms at
 size).
 
 What runs (one process; throwaway test databases made and dropped by Django's test machinery, so
-yours are not touched; change broadcasts detached, no Redis): ``agent.loop.run_cycle`` with a
+yours are not touched; change broadcasts detached, no Redis): ``agent.runtime.loop.run_cycle`` with a
 planner that proposes nothing (no planner turn), against the in-memory ``scenario`` provider
 listing N running instances with live, busy workers and demand ``ok``. The cycle is everything
 but the model: the run lock, the claim, the provider re-list and sync of N ``Instance`` rows,
@@ -81,7 +81,7 @@ def _cycle(count_queries=False):
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from agent.loop import run_cycle
+    from agent.runtime.loop import run_cycle
 
     if count_queries:
         with CaptureQueriesContext(connection) as q:

@@ -5,7 +5,7 @@ Budget (bench/README.md): per loop step, ≤ 2 ms plus one database round trip.
 What runs (one process, one throwaway PostgreSQL database created and dropped by Django's test
 database machinery, so nothing of yours is touched):
 
-- **Warden**: ``agent.loop.run_cycle`` with a ``ScriptPlanner`` proposing N calls of a no-op tool
+- **Warden**: ``agent.runtime.loop.run_cycle`` with a ``ScriptPlanner`` proposing N calls of a no-op tool
   (``noop``, registered for the bench only; different ``i`` each step so ``identical_args`` stays
   quiet), against the in-memory ``scenario`` provider and demand source. Every step goes through
   the breakers, the pipeline (allowlist, schema, guards, policy, execution, observation) and is
@@ -50,8 +50,8 @@ def _setup_django():
 
 # --- Warden ---------------------------------------------------------------------------------------
 def _install_noop():
-    from agent import tools
-    from agent.policy import DEFAULT_POLICY
+    from agent.policy.table import DEFAULT_POLICY
+    from agent.runtime import tools
 
     class NoopArgs(tools._Args):
         i: int
@@ -94,8 +94,8 @@ def _warden_cycle(n: int, *, count_queries=False) -> tuple[float, int, float]:
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from agent.loop import run_cycle
     from agent.planners.script import ScriptPlanner
+    from agent.runtime.loop import run_cycle
 
     steps = [{"tool": "noop", "args": {"i": i}} for i in range(n)]
     steps.append({"text": 'done <verdict>{"action": false, "state_changed": false}</verdict>'})

@@ -8,7 +8,7 @@ of ``REDIS_URL`` (its trigger keys and this queue are cleared first), and one re
 (``--pool solo``) on ``WARDEN_CELERY_QUEUE``. The agent is observe-only with target 0, so runs
 execute nothing. Rows:
 
-- **P0 / P1 leading edge**: ``agent.triggers.fire`` from this process on an idle agent (windows
+- **P0 / P1 leading edge**: ``agent.runtime.triggers.fire`` from this process on an idle agent (windows
   cleared before each sample): the time from the event to the run's ``started_at`` (the moment
   the run is claimed under the lock, before it observes).
 - **P0 follow-up**: a second event 0.5 s into the P0 window while the first run is done: the run
@@ -80,7 +80,7 @@ def _start_ms(event: dict, run) -> float:
 
 
 def _lead(kind: str) -> float:
-    from agent import triggers
+    from agent.runtime import triggers
 
     _wait(_idle, 60, "the agent to be idle")
     time.sleep(SETTLE_S)  # the worker finishes the previous task's tail (memory upkeep, ack)
@@ -93,8 +93,8 @@ def _lead(kind: str) -> float:
 
 def _inprocess() -> float:
     """The worker's path up to the run row, in this process without Celery: lock, drain, claim."""
-    from agent import triggers
-    from agent.runs import acquire_lock, claim_run, release_lock
+    from agent.runtime import triggers
+    from agent.runtime.runs import acquire_lock, claim_run, release_lock
 
     _wait(_idle, 60, "the agent to be idle")
     t0 = time.perf_counter()
@@ -122,7 +122,7 @@ def _rtt_ms(samples=200) -> float:
 
 
 def _follow() -> float:
-    from agent import triggers
+    from agent.runtime import triggers
 
     _wait(_idle, 60, "the agent to be idle")
     triggers.reset()
@@ -137,7 +137,7 @@ def _follow() -> float:
 
 
 def _kill(provider) -> float:
-    from agent import triggers
+    from agent.runtime import triggers
     from fleet.demo import kill_one_worker
 
     _wait(_idle, 60, "the agent to be idle")
@@ -172,8 +172,8 @@ def main(argv=None) -> int:
     from django.conf import settings
     from django.test.utils import setup_databases, teardown_databases
 
-    from agent import triggers
     from agent.models import SessionState
+    from agent.runtime import triggers
     from fleet.harmony import ensure_schema
 
     var = Path(tempfile.mkdtemp(prefix="warden-bench-trig-"))

@@ -11,9 +11,15 @@ import logging
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 
-from console.consumers import GROUP, user_group
-
 log = logging.getLogger(__name__)
+
+#: the channel-layer group every signed-in console joins (``console.consumers`` joins it)
+GROUP = "console"
+
+
+def user_group(user_id: int) -> str:
+    """The per-user group, used to close a user's sockets when they log out."""
+    return f"user.{user_id}"
 
 
 def send_topics(topics: list[str]) -> bool:
@@ -35,7 +41,7 @@ def on_changed(sender, topics=(), **kwargs) -> None:
 
 
 def on_streamed(sender, frame=None, **kwargs) -> None:
-    """Receiver for :data:`fleet.events.streamed`: one chat stream frame (``agent.chat_stream``) to
+    """Receiver for :data:`fleet.events.streamed`: one chat stream frame (``agent.chat.chat_stream``) to
     the console group as ``{"type": "console.chat", "frame": {...}}``. A failing layer is logged:
     the chat region's next re-fetch shows what the run stored."""
     layer = get_channel_layer()

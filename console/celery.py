@@ -36,14 +36,14 @@ def tick_at_start(sender=None, **kwargs) -> None:
 @worker_ready.connect
 def fail_stuck_runs_at_start(sender=None, **kwargs) -> None:
     """At a worker's start-up, a run left ``running`` by a process that is gone (Ctrl-C, SIGTERM,
-    SIGKILL mid-run) is failed with its report (``agent.runs.fail_stuck_runs``, through the run
+    SIGKILL mid-run) is failed with its report (``agent.runtime.runs.fail_stuck_runs``, through the run
     lock: a lock a live run holds is left alone), and a chat message queued behind it is answered
     by a cycle queued here. Errors are only logged: the next cycle does the same."""
     import logging
 
     try:
         from agent.models import Run
-        from agent.runs import acquire_lock, release_lock
+        from agent.runtime.runs import acquire_lock, release_lock
 
         token = acquire_lock(sees_events=False)
         if token is None:

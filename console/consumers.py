@@ -3,7 +3,7 @@
 Protocol (server → browser only): one JSON text frame per topic, ``{"trigger": "<topic>"}``
 (topics: ``fleet.events`` docstring). The browser re-fetches the regions that listen for the topic
 over plain HTTP. The one exception is the chat answer as it streams: ``{"chat": {"run", "turn",
-"text", "tools"}}`` frames (``agent.chat_stream``), a few per second, sent to sockets that get
+"text", "tools"}}`` frames (``agent.chat.chat_stream``), a few per second, sent to sockets that get
 ``chat-changed``; the chat region's re-fetch replaces them with what the run stored. The socket
 never carries side effects; anything the browser sends is ignored. A socket gets only the topics of pages its user's role may see (:data:`ROLE_TOPICS`; the
 role is read at connect and updated by ``console.set_role`` when a superuser changes it); a topic
@@ -17,8 +17,9 @@ from autobahn.exception import Disconnected
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-#: the channel-layer group every signed-in console joins
-GROUP = "console"
+from console.broadcast import GROUP, user_group
+from console.users import role_of
+
 #: close code for a socket without a signed-in user
 CLOSE_UNAUTHENTICATED = 4401
 
@@ -34,17 +35,10 @@ ROLE_TOPICS = {
 }
 
 
-def user_group(user_id: int) -> str:
-    """The per-user group, used to close a user's sockets when they log out."""
-    return f"user.{user_id}"
-
-
 class ConsoleConsumer(AsyncWebsocketConsumer):
     """Forwards ``console.signal`` layer events as ``{"trigger": topic}`` frames."""
 
     async def connect(self) -> None:
-        from console.users import role_of
-
         self.joined: list[str] = []
         self.topics: frozenset = frozenset()
         await self.accept()

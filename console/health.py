@@ -192,8 +192,8 @@ def check_processes(infos: list[dict] | None) -> dict[str, dict]:
 
 
 def _stuck_runs() -> list[str]:
-    from agent.claims import worker_alive
     from agent.models import Run, SessionState
+    from agent.policy.claims import worker_alive
 
     lock = SessionState.objects.filter(pk=1).values("lock_token", "lock_expires_at", "lock_holder").first() or {}
     runs = list(Run.objects.filter(status="running").values_list("number", "started_at"))

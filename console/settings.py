@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 import environ
 
-from agent.limits import env_problem
+from agent.policy.limits import env_problem
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 env = environ.Env()
@@ -356,7 +356,7 @@ WARDEN = {
     "TASK_NAMES": env.list("WARDEN_TASK_NAMES", default=["PoRep", "UpdateProve", "PSProve"]),
     # observe heartbeat (Celery beat), seconds
     "OBSERVE_INTERVAL_S": envint("WARDEN_OBSERVE_INTERVAL_S", 300, minimum=1),
-    # event triggers (agent.triggers): on, and the debounce window of each priority, seconds (docs/agent.md, Triggers)
+    # event triggers (agent.runtime.triggers): on, and the debounce window of each priority, seconds (docs/agent.md, Triggers)
     "EVENT_TRIGGERS": envbool("WARDEN_EVENT_TRIGGERS", True),
     "TRIGGER_WINDOWS_S": {"P0": envfloat("WARDEN_TRIGGER_P0_WINDOW_S", 2.0), "P1": envfloat("WARDEN_TRIGGER_P1_WINDOW_S", 10.0)},
     # run lock expiry, seconds: a crashed run frees the agent after this
@@ -393,7 +393,7 @@ WARDEN = {
     "MAX_DPH": envfloat("WARDEN_MAX_DPH", 10.0),
     "DEFAULT_TARGET_PROOFS_HR": envfloat("WARDEN_TARGET_PROOFS_HR", 360),
     # every tool policy "auto": the agent acts without approvals (the demo's unattended mode; local
-    # provider only, checked below and in agent.policy.unattended)
+    # provider only, checked below and in agent.policy.table.unattended)
     "UNATTENDED": envbool("WARDEN_UNATTENDED", False),
     # the local demo
     "PROOF_SECONDS": envfloat("WARDEN_PROOF_SECONDS", 20),
@@ -415,7 +415,7 @@ WARDEN = {
     # the worker's log file whose tail a diagnosis reads (an instance's own log_path wins; "":
     # fleet.diagnostics.DEFAULT_WORKER_LOG)
     "WORKER_LOG": os.environ.get("WARDEN_WORKER_LOG", "").strip(),
-    # several diagnoses of one turn go out as a Celery group across workers (agent/diagnosis.py)
+    # several diagnoses of one turn go out as a Celery group across workers (agent/runtime/diagnosis.py)
     "DIAGNOSE_FANOUT": envbool("WARDEN_DIAGNOSE_FANOUT", False),
     # `manage.py bootstrap` (make run): the operator login it creates, and its password when set
     "ADMIN_USER": os.environ.get("WARDEN_ADMIN_USER", "").strip() or "operator",
@@ -425,7 +425,7 @@ WARDEN = {
     # set by `manage.py rehearse` for the child it runs a day in on scratch SQLite files (agent/management/commands/rehearse.py)
     "REHEARSE_DB_DIR": os.environ.get("WARDEN_REHEARSE_DB_DIR", ""),
 }
-_limit_problem = env_problem(WARDEN)  # the limits schema's ranges (agent/limits.py)
+_limit_problem = env_problem(WARDEN)  # the limits schema's ranges (agent/policy/limits.py)
 if _limit_problem is not None:
     _fail(_limit_problem[0], os.environ.get(_limit_problem[0], ""), _limit_problem[1])
 if WARDEN["UNATTENDED"] and WARDEN["PROVIDER"] != "local":
@@ -472,7 +472,7 @@ VAST = {
     "TIMEOUT_S": envfloat("WARDEN_VAST_TIMEOUT_S", 30.0, minimum=1),
 }
 
-# --- the model (the `llm` planner; agent/model_client.py) -------------------------------------
+# --- the model (the `llm` planner; agent/model/model_client.py) -------------------------------------
 # Any OpenAI-compatible chat-completions endpoint. No base URL or no model: the `rules` planner
 # runs. The API key is a reference (an env var's name or a file path), resolved at each call.
 MODEL = {
@@ -496,7 +496,7 @@ MODEL = {
     "TOOL_RESULTS": envchoice("WARDEN_MODEL_TOOL_RESULTS", "tool", ("tool", "user")),
 }
 
-# --- notifications (agent/notifications.py) ----------------------------------------------------
+# --- notifications (agent/notify/notifications.py) ----------------------------------------------------
 # Mail goes through Django's email backends; the SMTP password is a reference (env:NAME or
 # file:/path) resolved at each send, never a value in the environment of this file.
 EMAIL_BACKEND = os.environ.get("WARDEN_EMAIL_BACKEND", "django.core.mail.backends.smtp.EmailBackend")

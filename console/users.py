@@ -23,6 +23,7 @@ from django.contrib.auth.validators import UnicodeUsernameValidator
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
+from console.broadcast import send_to_user
 from fleet.audit import do_audit
 from fleet.events import emit
 from fleet.skeleton import skeleton
@@ -103,8 +104,6 @@ def _set_groups(user: User, role: str) -> None:
 
 
 def _after_commit(user_id: int, event: dict) -> None:
-    from console.broadcast import send_to_user
-
     transaction.on_commit(lambda: send_to_user(user_id, event))
 
 

@@ -19,7 +19,7 @@ resolved = Signal()
 
 #: what ends each kind's episode: the condition :func:`resolve` is called on (shown on the Alerts
 #: page). The instance-scoped kinds also end when their instance is destroyed
-#: (``agent.observe.end_gone_episodes``).
+#: (``agent.runtime.observe.end_gone_episodes``).
 ENDS = {
     "workers_dead": "every expected worker heartbeats again (or is no longer expected: destroyed or stopped)",
     "demand_unknown": "the demand source is readable again",

@@ -60,7 +60,7 @@ def enqueue(n: int, name: str = "PoRep") -> list[int]:
     except DatabaseError as exc:
         raise DemandError(harmony_unreadable(exc)) from exc
     emit("demand-changed")
-    if was_empty:  # the queue went from empty to non-empty: a trigger (agent.triggers)
+    if was_empty:  # the queue went from empty to non-empty: a trigger (agent.runtime.triggers)
         trigger("queue_nonempty", f"{n} {name} task{'s' if n != 1 else ''} queued")
     return [t.id for t in tasks]
 

@@ -28,8 +28,10 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator
 
+from fleet.alerts import raise_alert, resolve
 from fleet.clock import clock
-from fleet.models import Diagnosis, Instance
+from fleet.models import Alert, Diagnosis, Instance
+from fleet.providers import get_provider
 from fleet.secrets import redact, redact_obj
 from fleet.ssh import Unreachable
 from fleet.untrusted import scan_for_injection
@@ -401,8 +403,6 @@ def gather(instance: Instance, *, timeout_s: float = COMMAND_TIMEOUT_S) -> tuple
     """Collect evidence for ``instance``: ``(evidence, source, reachable)``; ``source`` is ``ssh``
     when the machine answered, ``provider`` otherwise (no runner, or :class:`Unreachable`, whose
     kind lands in ``evidence["ssh"]["kind"]``). Never raises for a machine's failure."""
-    from fleet.providers import get_provider
-
     runner = get_provider(instance.provider).command_runner(instance)
     evidence, source, reachable = {}, "provider", True
     if runner is not None:
@@ -473,3 +473,37 @@ def diagnose_many(instances: list[Instance], *, workers: dict | None = None, max
         return []
     with ThreadPoolExecutor(max_workers=max(1, min(max_parallel, len(instances))), thread_name_prefix="diagnose") as pool:
         return list(pool.map(one, instances))
+
+
+def unreachable_alerts(instances, worker_for=None) -> list:
+    """Alert on every owned host SSH cannot reach (status ``offline``), once per episode, with a
+    diagnosis taken when the episode starts (:func:`diagnose`: its SSH attempt and
+    the worker's heartbeat); resolved when the host answers again. The host is never removed.
+
+    ``instances``: the cycle's ``Instance`` rows; ``worker_for(inst)``: its Curio ``WorkerView``
+    or None. Alert kind ``provider_error`` (docs/contract.md), key ``provider_error:ssh:<name>``.
+    Returns the alerts raised now.
+    """
+    owned = [i for i in instances if i.is_owned_host and i.killed_at is None]
+    if not owned:
+        return []
+    open_keys = set(Alert.objects.filter(kind="provider_error", key__startswith="provider_error:ssh:")
+                    .exclude(state="resolved").values_list("key", flat=True))
+    raised = []
+    for inst in owned:
+        key = f"provider_error:ssh:{inst.external_id}"
+        if inst.status != "offline":
+            if key in open_keys:
+                resolve(key, f"owned host {inst.external_id} answers again (now {inst.status})")
+            continue
+        if key in open_keys:
+            continue
+        d = diagnose(inst, worker=worker_for(inst) if worker_for else None)
+        raised.append(raise_alert(
+            "provider_error",
+            f"owned host {inst.external_id} ({inst.ssh_host}:{inst.ssh_port}) is unreachable: {inst.status_msg}. "
+            f"It stays in the fleet (an owned host is never removed). Diagnosis: {d.health}"
+            f"{'/' + d.fault_class if d.fault_class else ''}: {d.cause}",
+            severity="P1", key=key, instance=inst,
+        ))
+    return raised

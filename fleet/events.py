@@ -21,7 +21,7 @@ from django.dispatch import Signal
 changed = Signal()
 
 #: sent with ``kind=..., detail=...`` after commit: something happened that should start an agent
-#: run (``agent.triggers`` listens; the fleet never imports the agent)
+#: run (``agent.runtime.triggers`` listens; the fleet never imports the agent)
 happened = Signal()
 
 
@@ -31,18 +31,18 @@ def emit(*topics: str) -> None:
     transaction.on_commit(lambda: changed.send(sender=None, topics=list(topics)))
 
 
-#: sent with ``frame={...}`` at once (``agent.chat_stream``: the chat answer as it streams)
+#: sent with ``frame={...}`` at once (``agent.chat.chat_stream``: the chat answer as it streams)
 streamed = Signal()
 
 
 def stream(frame: dict) -> None:
-    """Hand one chat stream frame (``agent.chat_stream.ChatStream``) to the console now: frames are
+    """Hand one chat stream frame (``agent.chat.chat_stream.ChatStream``) to the console now: frames are
     not database state, so they do not wait for a commit."""
     streamed.send(sender=None, frame=frame)
 
 
 def trigger(kind: str, detail: str = "") -> None:
-    """Announce a trigger event ``kind`` (``agent.triggers.PRIORITY`` names them) once the current
+    """Announce a trigger event ``kind`` (``agent.runtime.triggers.PRIORITY`` names them) once the current
     transaction commits (at once outside one). ``detail`` is a short human text ("i-3 running →
     exited"). A listener's failure is logged, never raised: the Celery beat is the backup."""
     transaction.on_commit(lambda: happened.send_robust(sender=None, kind=kind, detail=detail))

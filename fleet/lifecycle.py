@@ -2,7 +2,7 @@
 guards, the monitor, the ``rules`` planner and the console (docs/contract.md "Terminal", "Blind
 mode", "Starvation").
 
-Every number comes from the run's limits (``world.limits``, ``agent.policy.effective_limits``):
+Every number comes from the run's limits (``world.limits``, ``agent.policy.table.effective_limits``):
 ``offline_grace_min``, ``provisioning_limit_min``, ``starve_min``.
 
 - :func:`blind` — demand is not ``ok``: Warden cannot see its workers;
@@ -14,7 +14,7 @@ Every number comes from the run's limits (``world.limits``, ``agent.policy.effec
   forced approvals, the monitor, the ``rules`` planner and the ssh provider read.
 
 It lives in ``fleet`` (the lowest layer) because the monitor's rules (``fleet.monitor``) read it;
-``agent.lifecycle`` keeps what needs the agent's records (forced approval, a rejection that stands).
+``agent.policy.lifecycle`` keeps what needs the agent's records (forced approval, a rejection that stands).
 """
 
 from dataclasses import dataclass
@@ -136,7 +136,7 @@ def eligibility(inst, world, tool: str, *, actor: str = "agent") -> Eligibility:
     approval).
 
     ``inst`` is a ``fleet.models.Instance`` (or any object with its fields); ``world`` the cycle's
-    (``agent.observe.World``), or ``None`` where only the record is known (a provider refusing a
+    (``agent.runtime.observe.World``), or ``None`` where only the record is known (a provider refusing a
     destroy): then only ``target_gone`` and ``owned_host`` are judged. Any other ``tool`` is judged
     only for ``target_gone``. In order:
 

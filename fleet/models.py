@@ -109,7 +109,7 @@ class DemandSample(models.Model):
     ``backlog``: work waiting in Curio's pipeline tables with no queue row yet; ``proof_s``: the
     measured median seconds per proof (null: not measured). ``detail``: worker rows no instance
     matches, shared ``host_and_port`` values and fields the source could not read
-    (``agent.observe.unmatched_view``).
+    (``agent.runtime.observe.unmatched_view``).
     """
 
     STATES = [("ok", "ok"), ("unknown", "unknown"), ("stale", "stale")]

@@ -1,7 +1,7 @@
 """The monitor's lifecycle rules: replace what is terminal, confirm a destroy, mind the orphans
 (docs/contract.md, The cycle, step 2; docs/safety.md, The monitor is an actor like the agent).
 
-Pure decisions over the cycle's world; ``agent.monitor_runner`` runs them through the same
+Pure decisions over the cycle's world; ``agent.runtime.monitor_runner`` runs them through the same
 policy table (``TOOL:monitor`` keys, its own default ``auto``), observe-only switch, guards,
 forced approvals and idempotency as any call:
 
@@ -15,7 +15,7 @@ forced approvals and idempotency as any call:
 - an operator-owned SSH host is never destroyed;
 - with ``WARDEN_ORPHANS=destroy``, an instance the reconcile adopted (labelled ours, no record:
   ``fleet.sync``) is destroyed, unless its label is one of our own launches (a launch whose
-  answer was lost is ours, not an orphan: ``agent.claims``). It is diagnosed first and goes
+  answer was lost is ours, not an orphan: ``agent.policy.claims``). It is diagnosed first and goes
   through the guards like any destroy, so a machine whose worker serves queued work is not
   destroyed blind.
 Instances missing from the provider's list are marked killed by ``fleet.sync`` (except those
@@ -43,10 +43,10 @@ class MonitorAction:
 
 
 def decide(world, ours: Callable[[set[str]], set[str]] = lambda labels: set()) -> list[MonitorAction]:
-    """The monitor's actions for the cycle's ``world`` (``agent.observe.World``), in a stable order.
+    """The monitor's actions for the cycle's ``world`` (``agent.runtime.observe.World``), in a stable order.
 
     ``ours(labels)``: those of ``labels`` that our own launches carry (the agent's claims know them:
-    ``agent.claims.our_launch_labels``); an adopted instance with such a label is not an orphan."""
+    ``agent.policy.claims.our_launch_labels``); an adopted instance with such a label is not an orphan."""
     now = clock.now()
     confirm = timedelta(minutes=world.limits.destroy_confirm_min)
     actions = []
@@ -89,7 +89,7 @@ def _orphans(world, ours: Callable[[set[str]], set[str]]) -> set[int]:
                if i.adopted_at is not None and i.killed_at is None and not i.is_owned_host}
     if not adopted:
         return set()
-    # a provider may prefix the launch label (vast: WARDEN_VAST_LABEL_PREFIX before agent.claims.launch_label)
+    # a provider may prefix the launch label (vast: WARDEN_VAST_LABEL_PREFIX before agent.policy.claims.launch_label)
     prefix = (getattr(settings, "VAST", None) or {}).get("LABEL_PREFIX") or ""
     bare = {pk: (lb[len(prefix):] if prefix and lb.startswith(prefix) else lb) for pk, lb in adopted.items()}
     known = ours({lb for lb in {*adopted.values(), *bare.values()} if lb})

@@ -2,13 +2,13 @@
 
 :func:`as_data` delimits an observation for the model's context; :func:`scan_for_injection`
 finds instruction-like text aimed at the agent so the runtime raises a ``prompt_injection``
-alert. Nothing here can change policy or the allowlist: those live in code (``agent.policy``).
+alert. Nothing here can change policy or the allowlist: those live in code (``agent.policy.table``).
 
 Every untrusted field is scanned where it enters (docs/secrets.md): provider fields at sync
 (:func:`scan_instance`, from ``fleet.sync`` and the observe phase), diagnosis evidence
-(``fleet.diagnostics.diagnose``) and every tool's output (``agent.pipeline.execute``). A run that
+(``fleet.diagnostics.diagnose``) and every tool's output (``agent.runtime.pipeline.execute``). A run that
 raised ``prompt_injection`` parks every later side effect for an operator
-(``agent.lifecycle.forced_approval``).
+(``agent.policy.lifecycle.forced_approval``).
 
 The scan reads the text as :func:`normalise` leaves it, so spacing, case, ``-``/``_`` joins,
 full-width letters, zero-width characters and JSON escapes hide nothing, nor do homoglyphs from
@@ -25,7 +25,7 @@ from fleet.skeleton import fold_confusables
 
 #: characters of a text that are scanned: a longer text is scanned by its head and its tail, half
 #: each, which covers what the model is shown of it (observations are cut head and tail to
-#: ``observation_max_chars``, 4,000 by default, in ``agent.pipeline.truncate``)
+#: ``observation_max_chars``, 4,000 by default, in ``agent.policy.tool_specs.truncate``)
 SCAN_MAX = 200_000
 
 # JSON escapes (tool output and evidence are scanned as JSON text): ``\u200b`` is the character it

@@ -112,8 +112,8 @@ def broker_queue():
 
 @pytest.fixture(autouse=True)
 def _fresh_token_calibration():
-    """Each test starts with an uncalibrated token estimate (agent.context keeps it per process)."""
-    from agent.context import CALIBRATION
+    """Each test starts with an uncalibrated token estimate (agent.memory.context keeps it per process)."""
+    from agent.memory.context import CALIBRATION
 
     CALIBRATION.factor = 1.0
     yield

@@ -103,8 +103,8 @@ def park_stops(*iids: str):
 
     Call inside ``tests.scenario_world.scenario_world`` with those ids in the fleet and idle demand.
     """
-    from agent.loop import run_cycle
     from agent.planners.script import ScriptPlanner
+    from agent.runtime.loop import run_cycle
 
     planner = ScriptPlanner(stop_script(*iids) + [{"text": 'done <verdict>{"action": true, "state_changed": true}</verdict>'}])
     run = run_cycle("operator", planner=planner)

@@ -35,7 +35,7 @@ def main(mode: str, *rest: str) -> None:
 
         call_command("migrate", database="default", interactive=False, verbosity=0)
     elif mode == "cycle":
-        from agent.loop import run_cycle
+        from agent.runtime.loop import run_cycle
 
         run_cycle("test")
     elif mode == "post":
@@ -45,7 +45,7 @@ def main(mode: str, *rest: str) -> None:
     elif mode == "orphan":
         from django.db import transaction
 
-        from agent.runs import _next_run_number
+        from agent.runtime.runs import _next_run_number
         from fleet.clock import clock
 
         with transaction.atomic():
@@ -53,15 +53,15 @@ def main(mode: str, *rest: str) -> None:
             Run.objects.create(number=number, epoch=epoch, trigger="test", planner="llm", status="running",
                                started_at=clock.now())
     elif mode == "claim":
-        from agent.runs import RunBusy, claim_run
+        from agent.runtime.runs import RunBusy, claim_run
 
         try:
             claim_run("test", None)
         except RunBusy as exc:
             print(f"busy: {exc}")
     elif mode == "state":
-        from agent.loop import run_cycle
         from agent.planners.rules import RulesPlanner
+        from agent.runtime.loop import run_cycle
         from console.health import check_runs
 
         health = check_runs()

@@ -1,4 +1,4 @@
-"""Scripted models for the model scorecard's tests: the stand-in server (``agent.model_standin``)
+"""Scripted models for the model scorecard's tests: the stand-in server (``agent.model.model_standin``)
 with a ``responder`` that answers what it is asked, as a model would, from the request itself.
 
 - :func:`good_model`: reads the fleet and demand the runtime put at the end of the system prompt;
@@ -11,8 +11,8 @@ with a ``responder`` that answers what it is asked, as a model would, from the r
 
 import json
 
-from agent.model_standin import StandIn
-from agent.prompt import NOW
+from agent.model.model_standin import StandIn
+from agent.model.prompt import NOW
 
 MARKER = NOW.split("{summary}")[0].rsplit("\n", 2)[-2]  # "The fleet and demand right now (observed …):"
 

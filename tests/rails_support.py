@@ -1,6 +1,6 @@
 """Shared set-up for the safety-rail tests (pipeline, breakers, reports, secrets, context, scoring).
 
-A cycle runs for real — ``agent.loop.run_cycle`` with a ``ScriptPlanner`` — against the in-memory
+A cycle runs for real — ``agent.runtime.loop.run_cycle`` with a ``ScriptPlanner`` — against the in-memory
 ``scenario`` provider and demand source (``fleet.providers.scenario``, ``fleet.demand.scenario``:
 test doubles of a cloud provider and of Curio's database) on a :class:`~fleet.clock.VirtualClock`,
 so backoff and timeouts advance virtual time without waiting.
@@ -9,7 +9,7 @@ so backoff and timeouts advance virtual time without waiting.
 clock. Instance rows are written like a replay file's ``fleet`` (created ``age_min`` ago). The
 demand dicts state no worker counts: they come from ``fleet.demand.base.count_workers`` over those
 rows and each entry's ``worker`` (the rule every demand source uses, the startup grace included).
-``extra_tool(...)`` registers a test-only tool in ``agent.tools.TOOLS``/``PUBLIC_TOOLS`` for the
+``extra_tool(...)`` registers a test-only tool in ``agent.runtime.tools.TOOLS``/``PUBLIC_TOOLS`` for the
 duration of a ``with`` block.
 """
 
@@ -50,7 +50,7 @@ class RailsWorld:
 
     def cycle(self, steps: list[dict], trigger: str = "test", message: str | None = None) -> Run:
         """Run one real observe cycle with a script planner playing ``steps``."""
-        from agent.loop import run_cycle
+        from agent.runtime.loop import run_cycle
 
         run = run_cycle(trigger, planner=ScriptPlanner(steps), message=message, actor="user:alice" if message else "system")
         assert run is not None, "the run lock was held"
@@ -103,8 +103,8 @@ def rails_world(fleet=None, demand=None, offers=None, faults=None, *, policy=Non
 @contextlib.contextmanager
 def extra_tool(name: str, body, *, schema=None, timeout_s=None, side_effect=False, fallback=None):
     """Register a test tool ``name`` (auto policy) for the ``with`` block; removed afterwards."""
-    from agent import tools
-    from agent.policy import DEFAULT_POLICY
+    from agent.policy.table import DEFAULT_POLICY
+    from agent.runtime import tools
 
     spec = tools.Tool(name, schema or tools.NoArgs, body, timeout_s=timeout_s, side_effect=side_effect, fallback=fallback)
     tools.TOOLS[name] = spec

@@ -11,11 +11,11 @@ import pytest
 from django.db import connections
 from django.db.models.functions import Now
 
-from agent.loop import run_cycle
 from agent.models import Approval
-from agent.observe import observe
 from agent.planners.script import ScriptPlanner
-from agent.policy import effective_limits, effective_policy
+from agent.policy.table import effective_limits, effective_policy
+from agent.runtime.loop import run_cycle
+from agent.runtime.observe import observe
 from fleet.clock import clock
 from fleet.harmony import HarmonyMachine, HarmonyMachineDetails
 from fleet.models import Alert, Instance

@@ -10,8 +10,8 @@ from django.contrib.auth.models import User
 
 from agent.actions.notifications import do_save_notification_settings
 from agent.models import Notification, Run
-from agent.observe import lifecycle_alerts, observe
-from agent.policy import effective_limits, effective_policy
+from agent.policy.table import effective_limits, effective_policy
+from agent.runtime.observe import lifecycle_alerts, observe
 from fleet.alerts import ENDS, raise_alert, resolve
 from fleet.clock import clock
 from fleet.models import Alert, Instance

@@ -15,8 +15,8 @@ import pytest
 from django.contrib.auth.models import Group, User
 from django.test import Client
 
-from agent.loop import resume_run
 from agent.models import Approval, Run, SideEffect
+from agent.runtime.loop import resume_run
 from fleet.models import AuditLog
 from tests.console_support import IDLE, park_stops, purge_broker, resume_messages
 from tests.scenario_world import entry, scenario_world
@@ -146,7 +146,7 @@ def _open(opener, url: str, data: bytes, referer: str) -> int:
 def test_a_decision_arriving_while_the_other_approved_call_executes_is_not_lost(alice):
     """Two parked calls: the first is approved; while its side effect runs, an operator rejects the
     second. Both resume tasks run; the rejection must reach the agent as ``rejected``."""
-    from agent.approvals import do_decide
+    from agent.runtime.approvals import do_decide
 
     with scenario_world([entry("v-1"), entry("v-2")], IDLE) as provider:
         run, planner = park_stops("v-1", "v-2")

@@ -25,10 +25,10 @@ import redis
 from django.conf import settings
 from django.db import connections
 
-from agent.approvals import do_decide
-from agent.loop import expire_approvals, run_cycle
 from agent.models import Approval, Run, SessionState, SideEffect
 from agent.planners.script import ScriptPlanner
+from agent.runtime.approvals import do_decide
+from agent.runtime.loop import expire_approvals, run_cycle
 from agent.tasks import start_resume
 from fleet.models import Instance
 from fleet.providers.local import child_env
@@ -84,7 +84,7 @@ class Worker:
 @pytest.fixture
 def worker_env(local_fleet, settings):
     # these tests are about one approved call surviving a killed worker: no event-triggered run
-    # (agent.triggers) may take the worker or the provider meanwhile (tests/test_triggers.py has those)
+    # (agent.runtime.triggers) may take the worker or the provider meanwhile (tests/test_triggers.py has those)
     settings.WARDEN = {**settings.WARDEN, "EVENT_TRIGGERS": False}
     if not CELERY.exists() or not (ROOT / "console" / "celery.py").exists():
         pytest.skip("the Celery app (console/celery.py) or .venv/bin/celery is missing")
@@ -233,7 +233,7 @@ def test_a_worker_killed_between_the_approval_and_the_execution_executes_the_cal
 
 def test_an_approval_decided_while_another_run_holds_the_lock_still_executes_once(workers, local_fleet, alice):
     """The resume task meets a busy run lock: the call must run once the lock frees, not be dropped."""
-    from agent.loop import acquire_lock, release_lock
+    from agent.runtime.loop import acquire_lock, release_lock
 
     approval = park_a_launch()
     w = workers("busy")

@@ -1,6 +1,6 @@
 """An operator's decision is never lost to a broker outage: approved while Redis is down (a real
 redis-server, SIGKILLed), it is stored, the card says what is known, and the monitor's tick (the
-sweep, ``agent.sweep``) dispatches it once Redis is back — never expired, never left approved and
+sweep, ``agent.runtime.sweep``) dispatches it once Redis is back — never expired, never left approved and
 unrun, and its run is never closed ``done`` without it. Dispatch re-checks the guards as always:
 a stale diagnosis is diagnosed again and the operator asked again."""
 
@@ -77,8 +77,8 @@ def test_an_approval_made_while_redis_is_down_is_dispatched_by_the_sweep_once_re
 
 def test_a_young_decision_is_left_to_its_own_resume_task(alice, redis_server):
     """Near miss: a decision younger than the sweep's grace is not taken from its resume task."""
-    from agent.approvals import do_decide
-    from agent.sweep import GRACE_S
+    from agent.runtime.approvals import do_decide
+    from agent.runtime.sweep import GRACE_S
 
     vclock = VirtualClock(clock.now())
     with use_clock(vclock), scenario_world([entry("v-1"), entry("v-2")], IDLE) as provider:
@@ -100,7 +100,7 @@ def test_siblings_expiring_never_close_the_run_without_the_approved_call_and_a_s
         _approve_while_redis_is_down(client, alice, first, redis_server)
         # 28 minutes of outage and then some: the sibling expires, the diagnosis goes stale
         vclock.advance(timedelta(minutes=31).total_seconds())
-        from agent.loop import run_cycle
+        from agent.runtime.loop import run_cycle
 
         run_cycle("heartbeat", planner=ScriptPlanner([]))  # expires the sibling
         sibling.refresh_from_db()
@@ -130,8 +130,8 @@ def test_siblings_expiring_never_close_the_run_without_the_approved_call_and_a_s
         assert run.status == "parked"
 
         # the operator answers the fresh question (Redis is up now): it runs once
-        from agent.approvals import do_decide
-        from agent.loop import resume_run
+        from agent.runtime.approvals import do_decide
+        from agent.runtime.loop import resume_run
 
         do_decide(again, "approve", "user:alice", user=alice)
         resume_run(Run.objects.get(pk=run.pk), planner=ScriptPlanner([]))
@@ -143,7 +143,7 @@ def test_siblings_expiring_never_close_the_run_without_the_approved_call_and_a_s
 
 def test_a_run_closed_with_an_approved_call_unrun_is_parked_again_and_dispatched(alice):
     """What an older build left (a run ``done`` while its approved call never ran) is repaired."""
-    from agent.approvals import do_decide
+    from agent.runtime.approvals import do_decide
 
     vclock = VirtualClock(clock.now())
     with use_clock(vclock), scenario_world([entry("v-1"), entry("v-2")], IDLE) as provider:

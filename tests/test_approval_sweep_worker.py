@@ -1,5 +1,5 @@
 """A Celery worker SIGKILLed right after an approval does not delay the approved launch until the
-broker's visibility timeout (900 s): the monitor's next tick (the sweep, ``agent.sweep``) runs it,
+broker's visibility timeout (900 s): the monitor's next tick (the sweep, ``agent.runtime.sweep``) runs it,
 and its alert says what waited and why.
 
 A real worker (``celery -A console worker --pool solo``) on this session's databases and Redis db,
@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from agent.approvals import do_decide
 from agent.models import Approval, SideEffect
-from agent.sweep import GRACE_S
+from agent.runtime.approvals import do_decide
+from agent.runtime.sweep import GRACE_S
 from agent.tasks import monitor_tick, start_resume
 from fleet.models import Alert
 from tests.fleet_support import FLEET_DB, wait_for

@@ -8,8 +8,8 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from agent.loop import expire_approvals, resume_run
 from agent.models import Approval, Run
+from agent.runtime.loop import expire_approvals, resume_run
 from fleet.clock import clock
 from fleet.models import AuditLog
 from tests.console_support import HX, IDLE, park_stops, purge_broker, resume_messages

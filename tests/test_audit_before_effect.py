@@ -147,9 +147,9 @@ def test_the_json_api_answers_json_when_something_unexpected_breaks(client, alic
 
 
 def test_an_agent_call_whose_recording_failed_is_executed_not_an_error():
-    from agent.loop import run_cycle
     from agent.models import Step
     from agent.planners.script import ScriptPlanner
+    from agent.runtime.loop import run_cycle
 
     with scenario_world([entry("v-1")], BUSY, policy={"reboot_instance": "auto"}) as provider:
         real_reboot = provider.reboot

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from agent.loop import run_cycle
 from agent.models import SideEffect, Step
-from agent.pipeline import MAX_BATCH_CALLS
 from agent.planners.script import ScriptPlanner
+from agent.policy.tool_specs import MAX_BATCH_CALLS
 from agent.replay import isolated, load_scenario, setup_world
+from agent.runtime.loop import run_cycle
 
 ROOT = Path(__file__).resolve().parent.parent
 STOP = {"tool": "stop_instance", "args": {"instance_id": "v-102", "reason": "idle"}}

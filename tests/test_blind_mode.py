@@ -15,11 +15,11 @@ import pytest
 from django.db import connections
 
 from agent.actions.instances import do_launch_instance
-from agent.approvals import do_decide
-from agent.loop import resume_run, run_cycle
 from agent.models import Approval
 from agent.planners.rules import RulesPlanner
 from agent.planners.script import ScriptPlanner
+from agent.runtime.approvals import do_decide
+from agent.runtime.loop import resume_run, run_cycle
 from fleet.models import Alert, Instance
 from tests import fleet_support
 from tests.fleet_support import FLEET_DB, machine_of, wait_for

@@ -1,4 +1,4 @@
-"""Unit tests of ``agent.breakers`` over persisted steps: each breaker trips, and its near miss doesn't.
+"""Unit tests of ``agent.runtime.breakers`` over persisted steps: each breaker trips, and its near miss doesn't.
 
 The state is rebuilt with ``BreakerState.load(run, limits)`` from Step rows, as a resumed run
 would; ``forbidden_tool`` and ``forged_observation`` are pipeline stages (test_pipeline_stages.py).
@@ -9,9 +9,9 @@ from itertools import count
 
 import pytest
 
-from agent.breakers import BreakerState
 from agent.models import Approval, Run, Step
-from agent.policy import effective_limits
+from agent.policy.table import effective_limits
+from agent.runtime.breakers import BreakerState
 from fleet.clock import VirtualClock, use_clock
 from tests.rails_support import NOW, calls, extra_tool, rails_world, verdict
 
@@ -280,7 +280,7 @@ def test_loop_three_strikes_without_fallback_ends_with_a_dead_end_report():
     def broken(ctx, args):
         raise RuntimeError(f"probe {args.get('n')} failed")
 
-    from agent.tools import _Args
+    from agent.runtime.tools import _Args
 
     class ProbeArgs(_Args):
         n: int

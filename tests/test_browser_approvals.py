@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.loop import run_cycle
 from agent.models import Approval, Run
 from agent.planners.script import ScriptPlanner
+from agent.runtime.loop import run_cycle
 from fleet.models import Instance
 from tests.browser_support import CHROMIUM, CHROMIUM_ARGS, FleetBrowserTestCase
 

@@ -3,7 +3,7 @@ its answer arrive live, as the model writes it, before the run ends; the verdict
 
 Real parts: daphne (``ChannelsLiveServerTestCase``), the Redis channel layer (own prefix), a Celery
 worker subprocess running the chat cycle with the ``llm`` planner, the stand-in OpenAI-compatible
-server (agent/model_standin.py) streaming server-sent events at a human-visible pace, and Chromium
+server (agent/model/model_standin.py) streaming server-sent events at a human-visible pace, and Chromium
 (``/usr/bin/chromium``) driven by Playwright.
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.model_standin import StandIn
+from agent.model.model_standin import StandIn
 from agent.models import Run
 from tests.browser_support import CHROMIUM, CHROMIUM_ARGS, FleetBrowserTestCase
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.loop import run_cycle
 from agent.models import Approval
 from agent.planners.script import ScriptPlanner
+from agent.runtime.loop import run_cycle
 from tests.browser_support import CHROMIUM, CHROMIUM_ARGS, FleetBrowserTestCase
 
 DARK_BG = "rgb(15, 17, 21)"

@@ -6,9 +6,9 @@ planner) and the chat partial the dashboard polls."""
 
 import pytest
 
-from agent.chat_answer import is_instruction
-from agent.loop import run_cycle
+from agent.chat.chat_answer import is_instruction
 from agent.models import Run
+from agent.runtime.loop import run_cycle
 from tests.rails_support import BUSY_DEMAND, fleet_entry, rails_world
 
 pytestmark = pytest.mark.django_db

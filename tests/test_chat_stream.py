@@ -2,8 +2,8 @@
 never shown, tool calls named as the model starts them; a chat instruction the rails refuse or park
 is explained in the runtime's words.
 
-Real parts: the stand-in OpenAI-compatible server (agent/model_standin.py, SSE streaming), the real
-cycle (``agent.loop.run_cycle``) on the scenario provider, the frames caught where the console
+Real parts: the stand-in OpenAI-compatible server (agent/model/model_standin.py, SSE streaming), the real
+cycle (``agent.runtime.loop.run_cycle``) on the scenario provider, the frames caught where the console
 takes them (``fleet.events.streamed``); the consumer is driven through ``WebsocketCommunicator``.
 """
 
@@ -15,11 +15,11 @@ from django.test import Client
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.chat_answer import RAILS_HEAD
-from agent.chat_stream import ChatStream, VerdictFilter
-from agent.model_standin import StandIn
+from agent.chat.chat_answer import RAILS_HEAD
+from agent.chat.chat_stream import ChatStream, VerdictFilter
+from agent.chat.verdicts import without_verdicts
+from agent.model.model_standin import StandIn
 from agent.models import Run, Step
-from agent.planners.base import without_verdicts
 from fleet.events import streamed
 from tests.scenario_world import entry, scenario_world
 from tests.test_websocket import communicator, memory_layer, session_headers  # noqa: F401 (fixture)
@@ -53,7 +53,7 @@ def test_the_filter_shows_exactly_the_text_outside_verdict_blocks_however_it_is_
 
 
 def test_the_models_words_are_told_apart_from_the_runtimes_note():
-    from agent.chat_answer import model_words
+    from agent.chat.chat_answer import model_words
 
     assert model_words(f"Stopped.\n\n{RAILS_HEAD}\n- stop_instance v-5 was refused") == "Stopped."
     assert model_words(f"{RAILS_HEAD}\n- stop_instance v-5 was not run") == ""
@@ -110,7 +110,7 @@ IDLE = {"state": "ok", "active": False, "queued": 0, "running": 0, "workers_expe
 
 @pytest.mark.django_db(transaction=True)
 def test_a_chat_question_streams_its_answer_without_the_verdict(model_at, frames):
-    from agent.loop import run_cycle
+    from agent.runtime.loop import run_cycle
 
     with StandIn([_completion(ANSWER)]) as standin, scenario_world([entry("v-5"), entry("v-6")], IDLE):
         model_at(standin)
@@ -125,7 +125,7 @@ def test_a_chat_question_streams_its_answer_without_the_verdict(model_at, frames
 
 @pytest.mark.django_db(transaction=True)
 def test_a_refused_or_parked_instruction_is_explained_from_the_runtimes_record(model_at, frames):
-    from agent.loop import run_cycle
+    from agent.runtime.loop import run_cycle
 
     responses = [_completion("Stopping v-5 as you asked.", calls=[("stop_instance", {"instance_id": "v-5", "reason": "operator asked"})]),
                  _completion('I asked to stop v-5. <verdict>{"action": false, "state_changed": false}</verdict>')]
@@ -144,7 +144,7 @@ def test_a_refused_or_parked_instruction_is_explained_from_the_runtimes_record(m
         assert call.reason_code in note
     assert run.entailment_flags == []  # the runtime's note is not a claim of the model's to check
     # the model sees its own words in the next prompt, not the note
-    from agent.context import build_context
+    from agent.memory.context import build_context
 
     assert RAILS_HEAD not in json.dumps(build_context(run=None).messages)
 
@@ -187,8 +187,8 @@ def test_the_socket_forwards_stream_frames_as_chat_frames(alice, memory_layer): 
 
 @pytest.mark.django_db(transaction=True)
 def test_a_parked_instruction_says_which_approval_it_waits_for(model_at, frames):
-    from agent.loop import run_cycle
     from agent.models import Approval
+    from agent.runtime.loop import run_cycle
 
     busy = {**IDLE, "active": True, "queued": 12, "running": 2}
     launch = {"gpu_name": "RTX 4090", "launch_priority": "P1", "reason": "the operator asked for one more"}

@@ -10,8 +10,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from agent.loop import run_cycle
 from agent.models import Approval, Run, Step
+from agent.runtime.loop import run_cycle
 from tests.rails_support import BUSY_DEMAND, fleet_entry, rails_world
 
 pytestmark = pytest.mark.django_db

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.approvals import do_decide
-from agent.loop import acquire_lock, release_lock
 from agent.models import Approval, Run, SessionState, SideEffect
-from agent.monitor_runner import monitor_tick
+from agent.runtime.approvals import do_decide
+from agent.runtime.loop import acquire_lock, release_lock
+from agent.runtime.monitor_runner import monitor_tick
 from agent.tasks import start_resume
 from fleet.models import Alert
 from tests import fleet_support

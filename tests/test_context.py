@@ -5,7 +5,7 @@ from itertools import count
 
 import pytest
 
-from agent.context import (
+from agent.memory.context import (
     CHARS_PER_TOKEN,
     build_context,
     check_pairs,
@@ -227,7 +227,7 @@ def test_history_beyond_the_window_read_is_counted_by_tool_and_outcome():
 
 
 def test_calibration_from_reported_prompt_tokens_keeps_the_budget():
-    from agent.context import CALIBRATION, calibrate
+    from agent.memory.context import CALIBRATION, calibrate
 
     t = Trace(new_run())
     for i in range(40):

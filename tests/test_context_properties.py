@@ -9,7 +9,7 @@ from django.db import transaction
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.context import CALIBRATION, assemble, build_context, check_pairs, message_tokens
+from agent.memory.context import CALIBRATION, assemble, build_context, check_pairs, message_tokens
 from agent.models import Run, Step
 from tests.rails_support import NOW
 

@@ -5,7 +5,7 @@ import re
 from pathlib import Path
 
 from agent.replay.file_format import ALERT_KINDS, REASON_CODES
-from agent.tools import PUBLIC_TOOLS
+from agent.runtime.tools import PUBLIC_TOOLS
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 

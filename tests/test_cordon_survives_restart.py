@@ -10,8 +10,8 @@ import pytest
 
 from agent.actions.instances import do_cordon, do_instance_action, do_launch_instance
 from agent.models import SessionState
-from agent.observe import observe
-from agent.policy import effective_limits, effective_policy
+from agent.policy.table import effective_limits, effective_policy
+from agent.runtime.observe import observe
 from fleet import demo
 from fleet.harmony import HarmonyMachine, HarmonyTask, HarmonyTaskHistory
 from fleet.models import AuditLog

@@ -9,8 +9,8 @@ from datetime import timedelta
 
 import pytest
 
-from agent.observe import observe
-from agent.policy import effective_limits, effective_policy
+from agent.policy.table import effective_limits, effective_policy
+from agent.runtime.observe import observe
 from fleet.clock import clock
 from fleet.cost import fleet_dph, fleet_spend, spend_by_instance
 from fleet.models import FleetSample, Instance, StatusChange

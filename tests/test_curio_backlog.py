@@ -5,10 +5,10 @@ Curio adds an UpdateProve or PoRep queue row only on a live node that runs that 
 GPU worker alive ``harmony_task`` reads empty while sectors wait (the scale-to-zero trap).
 """
 
-from agent.guards import check
-from agent.observe import World, read_and_record_demand
 from agent.planners.rules import RulesPlanner
-from agent.policy import effective_limits, effective_policy
+from agent.policy.guards import check
+from agent.policy.table import effective_limits, effective_policy
+from agent.runtime.observe import World, read_and_record_demand
 from fleet.demand import read_demand
 from fleet.models import DemandSample
 from tests.curio_support import CURIO_DB, curio, instance, instances  # noqa: F401 (fixture)
@@ -105,7 +105,7 @@ def test_the_queue_is_not_idle_while_the_backlog_is_not_empty(curio):  # noqa: F
 
 
 def test_a_cycle_with_only_backlog_launches_and_reports_it(curio):  # noqa: F811
-    from agent.loop import run_cycle
+    from agent.runtime.loop import run_cycle
     from fleet import demand as demand_mod
     from tests.scenario_world import scenario_world
 

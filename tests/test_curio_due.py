@@ -8,10 +8,10 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from agent.guards import check
-from agent.observe import World, read_and_record_demand
 from agent.planners.rules import RulesPlanner
-from agent.policy import effective_limits, effective_policy
+from agent.policy.guards import check
+from agent.policy.table import effective_limits, effective_policy
+from agent.runtime.observe import World, read_and_record_demand
 from fleet.clock import VirtualClock, use_clock
 from fleet.demand import read_demand
 from fleet.demand.curio import epoch_time, measured_loading_s

@@ -10,9 +10,9 @@ import pytest
 from django.db import connections
 
 from agent.actions.instances import do_cordon
-from agent.guards import check
-from agent.observe import World, read_and_record_demand
-from agent.policy import effective_limits, effective_policy
+from agent.policy.guards import check
+from agent.policy.table import effective_limits, effective_policy
+from agent.runtime.observe import World, read_and_record_demand
 from console.views.instances import run_instance_action
 from fleet.demand import read_demand
 from fleet.demand.base import DemandError

@@ -3,9 +3,9 @@ host_and_port): Warden detects it, raises ``node_identity``, reads the instance 
 unknown liveness (never dead) and parks every stop, reboot or destroy of either instance for an
 operator, the monitor's included. Twin: a real dead node with a row of its own is still dead."""
 
-from agent.lifecycle import forced_approval
-from agent.observe import World, read_and_record_demand
-from agent.policy import effective_limits, effective_policy
+from agent.policy.lifecycle import forced_approval
+from agent.policy.table import effective_limits, effective_policy
+from agent.runtime.observe import World, read_and_record_demand
 from fleet.models import Alert
 from tests.curio_support import CURIO_DB, curio, instance, instances  # noqa: F401 (fixture)
 
@@ -59,9 +59,9 @@ def test_stopping_rebooting_or_destroying_either_needs_an_operator(curio):  # no
 
 
 def test_the_monitor_parks_its_destroy_of_an_instance_in_doubt(curio):  # noqa: F811
-    from agent.loop import run_cycle
     from agent.models import Approval
     from agent.planners.script import ScriptPlanner
+    from agent.runtime.loop import run_cycle
     from fleet import demand as demand_mod
     from fleet.models import Instance
     from tests.scenario_world import entry, scenario_world

@@ -4,9 +4,9 @@ from the measured time when known, else from WARDEN_PROOF_SECONDS (docs/replay.m
 import pytest
 
 from agent.models import SessionState
-from agent.observe import World, read_and_record_demand
 from agent.planners.rules import RulesPlanner
-from agent.policy import effective_limits, effective_policy
+from agent.policy.table import effective_limits, effective_policy
+from agent.runtime.observe import World, read_and_record_demand
 from fleet.demand import read_demand
 from fleet.demand.curio import PROOF_SAMPLE
 from tests.curio_support import CURIO_DB, curio, instance, instances  # noqa: F401 (fixture)

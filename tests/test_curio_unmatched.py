@@ -1,7 +1,7 @@
 """Worker rows that match no instance are reported as such, never folded into "dead"
 (docs/curio.md, Workers: map by machine_name, never host_and_port)."""
 
-from agent.observe import World
+from agent.runtime.observe import World
 from fleet.demand import read_demand
 from tests.curio_support import CURIO_DB, curio, instance, instances  # noqa: F401 (fixture)
 
@@ -99,9 +99,9 @@ def test_the_observation_lists_unmatched_rows_with_their_host_and_port(curio):  
 
 
 def test_a_rowless_instance_may_own_the_tasks_of_a_live_unnamed_row_so_its_stop_needs_an_operator(curio):  # noqa: F811
-    from agent.lifecycle import forced_approval
-    from agent.observe import read_and_record_demand
-    from agent.policy import effective_limits, effective_policy
+    from agent.policy.lifecycle import forced_approval
+    from agent.policy.table import effective_limits, effective_policy
+    from agent.runtime.observe import read_and_record_demand
 
     unnamed = curio.machine("", age_s=20, host="172.17.0.2:12300")
     curio.task("PoRep", owner=unnamed)
@@ -121,9 +121,9 @@ def test_a_healthy_cluster_with_no_node_names_has_live_workers_and_no_emergency(
     """Issue: with CURIO_NODE_NAME set on no node every node proves, yet workers_live read 0 and the
     "no live worker" rules (a P0 launch, starvation) fired. Unnamed live nodes are live workers and
     capacity; they match no instance and no action targets them."""
-    from agent.observe import read_and_record_demand
     from agent.planners.rules import RulesPlanner
-    from agent.policy import effective_limits, effective_policy
+    from agent.policy.table import effective_limits, effective_policy
+    from agent.runtime.observe import read_and_record_demand
     from fleet.lifecycle import starving
     from fleet.models import Alert, Instance
 
@@ -150,9 +150,9 @@ def test_a_healthy_cluster_with_no_node_names_has_live_workers_and_no_emergency(
 
 
 def test_twin_with_no_node_alive_the_emergency_stands(curio):  # noqa: F811
-    from agent.observe import read_and_record_demand
     from agent.planners.rules import RulesPlanner
-    from agent.policy import effective_limits, effective_policy
+    from agent.policy.table import effective_limits, effective_policy
+    from agent.runtime.observe import read_and_record_demand
 
     curio.machine("", age_s=900, host="10.0.0.1:12300")  # unnamed and silent: not live
     for _ in range(6):
@@ -169,9 +169,9 @@ def test_twin_with_no_node_alive_the_emergency_stands(curio):  # noqa: F811
 def test_unnamed_live_workers_beyond_our_instances_are_capacity_and_end_the_emergency(curio):  # noqa: F811
     """Unnamed live nodes that no rowless instance of ours can be are still capacity: the need
     counts them and a launch is P1 (work waits, a worker is live), not P0. No instance at all here."""
-    from agent.capacity import capacity, facts_priority, need_for
-    from agent.observe import read_and_record_demand
-    from agent.policy import effective_limits, effective_policy
+    from agent.policy.capacity import capacity, facts_priority, need_for
+    from agent.policy.table import effective_limits, effective_policy
+    from agent.runtime.observe import read_and_record_demand
 
     for host in ("10.0.0.1:12300", "10.0.0.2:12300"):
         curio.machine("", age_s=20, host=host)
@@ -187,9 +187,9 @@ def test_unnamed_live_workers_beyond_our_instances_are_capacity_and_end_the_emer
 
 
 def test_twin_with_the_unnamed_nodes_silent_they_are_no_capacity(curio):  # noqa: F811
-    from agent.capacity import capacity, facts_priority
-    from agent.observe import read_and_record_demand
-    from agent.policy import effective_limits, effective_policy
+    from agent.policy.capacity import capacity, facts_priority
+    from agent.policy.table import effective_limits, effective_policy
+    from agent.runtime.observe import read_and_record_demand
 
     for host in ("10.0.0.1:12300", "10.0.0.2:12300"):
         curio.machine("", age_s=900, host=host)

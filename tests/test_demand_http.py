@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from django.utils import timezone
 
-from agent.observe import read_and_record_demand
+from agent.runtime.observe import read_and_record_demand
 from fleet.demand import read_demand
 from fleet.models import Instance
 from tests.sshd import free_port

@@ -10,8 +10,8 @@ import pytest
 from django.conf import settings
 from django.utils import timezone
 
-from agent.diagnosis import diagnose_fanout
 from agent.models import Run
+from agent.runtime.diagnosis import diagnose_fanout
 from fleet.models import Diagnosis, Instance
 from tests import fleet_support
 from tests.fleet_support import FLEET_DB, wait_for

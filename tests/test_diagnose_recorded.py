@@ -176,8 +176,8 @@ def test_a_host_that_accepts_and_never_speaks_costs_the_connect_budget_and_is_cl
 
 def test_a_planted_instruction_read_during_a_run_parks_every_later_side_effect(server, machine, settings):
     """Through a real cycle: the run that read the planted log cannot act on its own afterwards."""
-    from agent.loop import run_cycle
     from agent.planners.script import ScriptPlanner
+    from agent.runtime.loop import run_cycle
 
     machine.log_path = str(server.profile("planted_log"))
     machine.save()

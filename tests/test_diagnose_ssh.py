@@ -215,8 +215,8 @@ exit 3""")
 
 
 def test_diagnose_instance_through_the_cycle_stores_a_diagnosis_and_an_observation(rented, sshd, settings):
-    from agent.loop import run_cycle
     from agent.planners.script import ScriptPlanner
+    from agent.runtime.loop import run_cycle
 
     sshd.fake("nvidia-smi", GPU_LOST, rc=15)
     settings.WARDEN = {**settings.WARDEN, "PROVIDER": "rented"}

@@ -1,12 +1,12 @@
 """Several ``diagnose_instance`` calls in one turn are collected together before the calls run
-(``agent.diagnosis.prefetch``, a thread pool), and each call records the verdict collected for its
+(``agent.runtime.diagnosis.prefetch``, a thread pool), and each call records the verdict collected for its
 instance: one diagnosis per instance, not two. A real cycle, a real sshd with recorded outputs."""
 
 import pytest
 from django.utils import timezone
 
-from agent.loop import run_cycle
 from agent.planners.script import ScriptPlanner
+from agent.runtime.loop import run_cycle
 from fleet.models import Diagnosis, Instance
 from fleet.providers import set_override
 from fleet.providers.base import Provider, ProviderInstance

@@ -2,15 +2,15 @@
 machine as bad; container → reboot; app → reboot; network → diagnose again later, never destroy
 (nor reboot) on one failure.
 
-A real cycle (``agent.loop.run_cycle`` + ``RulesPlanner``) against the scenario provider, whose
+A real cycle (``agent.runtime.loop.run_cycle`` + ``RulesPlanner``) against the scenario provider, whose
 ``ssh`` block answers the diagnosis commands; one expected worker, dead, with work queued.
 """
 
 import pytest
 
-from agent.loop import run_cycle
 from agent.models import MemoryFact
 from agent.planners.rules import RulesPlanner
+from agent.runtime.loop import run_cycle
 from fleet.models import Diagnosis
 from tests.rails_support import calls, fleet_entry, rails_world
 

@@ -9,11 +9,11 @@ from datetime import timedelta
 
 import pytest
 
-from agent.guards import check
-from agent.lifecycle import forced_approval
-from agent.observe import observe
 from agent.planners.rules import RulesPlanner, sizing
-from agent.policy import effective_limits, effective_policy
+from agent.policy.guards import check
+from agent.policy.lifecycle import forced_approval
+from agent.policy.table import effective_limits, effective_policy
+from agent.runtime.observe import observe
 from fleet import monitor
 from fleet.clock import clock
 from fleet.lifecycle import eligibility

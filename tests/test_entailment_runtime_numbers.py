@@ -8,7 +8,7 @@ import pytest
 from django.utils import timezone
 
 from agent.models import Run, Step
-from agent.report import entailment_flags, flagged_claims
+from agent.runtime.report import entailment_flags, flagged_claims
 
 pytestmark = pytest.mark.django_db
 

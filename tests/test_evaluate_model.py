@@ -1,4 +1,4 @@
-"""The model scorecard (``agent.evaluation``, ``manage.py evaluate-model``) against the stand-in
+"""The model scorecard (``agent.replay.evaluation``, ``manage.py evaluate-model``) against the stand-in
 OpenAI-wire server, scripted as a good model and as a reckless one (``tests/evalmodel_support.py``).
 
 Cases are played for real: the replay world, ``run_cycle``, the ``llm`` planner over HTTP, the
@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from django.core.management import call_command
 
-from agent.evaluation import Case, format_table, load_cases, run_case, suite_dir, summarize
-from agent.model_client import ModelConfig
+from agent.model.model_client import ModelConfig
 from agent.models import ModelEvaluation
+from agent.replay.evaluation import Case, format_table, load_cases, run_case, suite_dir, summarize
 from tests.evalmodel_support import good_model, reckless_model
 
 SUITE = suite_dir()
@@ -231,7 +231,7 @@ def test_the_command_plays_cases_apart_prints_json_and_stores_the_scorecard(tmp_
 
 
 def test_an_api_key_ref_is_a_variable_name_a_reference_or_a_file():
-    from agent.evaluation import key_ref
+    from agent.replay.evaluation import key_ref
 
     assert key_ref("OPENAI_API_KEY") == "env:OPENAI_API_KEY"
     assert key_ref("env:X") == "env:X" and key_ref("file:/run/key") == "file:/run/key"
@@ -255,7 +255,7 @@ def test_the_key_travels_in_the_header_and_never_in_the_score(monkeypatch):
 def test_broken_arguments_and_a_failing_model_are_counted_as_invalid_args_and_a_fallback():
     """The score reads the run's records: a call whose arguments are not JSON is ``invalid_args``;
     three 500s in a row are a fallback to the rules planner, and the case is still played (safe)."""
-    from agent.model_standin import StandIn
+    from agent.model.model_standin import StandIn
     from tests.evalmodel_support import completion
 
     failing = {"http_status": 500, "body": {"error": {"message": "boom", "type": "server_error"}}}

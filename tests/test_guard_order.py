@@ -1,5 +1,5 @@
 """The guards report the first refusal in the contract's order (docs/replay.md, docs/contract.md), and
-``agent/guards.py`` says that order where a newcomer looks for it.
+``agent/policy/guards.py`` says that order where a newcomer looks for it.
 
 Pairs the scenario files cannot set up in one file are driven here through the real cycle:
 ``target_gone`` beats ``rejected_recently``; ``observe_only`` beats ``rate_limited``.
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-import agent.guards
-from agent.approvals import do_decide
-from agent.loop import resume_run
+import agent.policy.guards
 from agent.models import Approval
+from agent.runtime.approvals import do_decide
+from agent.runtime.loop import resume_run
 from fleet.models import Instance
 from tests.rails_support import calls, fleet_entry, rails_world, verdict
 
@@ -27,7 +27,7 @@ def contract_order() -> list[str]:
 
 
 def test_the_guards_docstring_states_the_contract_order():
-    doc = agent.guards.__doc__
+    doc = agent.policy.guards.__doc__
     para = re.split(r"The\s+whole\s+order", doc, maxsplit=1)[1].split("Rules and their sources", 1)[0]
     stated = [c for c in re.findall(r"``([a-z_]+)``", para) if c in contract_order()]
     assert stated == [c for c in contract_order() if c in stated]

@@ -406,10 +406,10 @@ def _cycle_world(tmp_path, data):
 def test_expired(tmp_path):
     """Parked, nobody answers, 31 minutes pass (expiry 30): the next cycle expires the approval; the
     call's outcome is ``expired``, nothing ran, and a late approval is refused."""
-    from agent.approvals import DecisionError, do_decide
-    from agent.loop import run_cycle
     from agent.models import Approval, Run
     from agent.planners.script import ScriptPlanner
+    from agent.runtime.approvals import DecisionError, do_decide
+    from agent.runtime.loop import run_cycle
     from fleet.clock import clock
 
     data = _load("guard-approval-required")
@@ -441,9 +441,9 @@ def test_expired(tmp_path):
 def test_an_expired_call_is_recorded_expired(tmp_path):
     """Beyond the report: once the approval expired, the call's own step says ``expired`` and its run
     is no longer waiting for an operator (the console and the final report read these rows)."""
-    from agent.loop import run_cycle
     from agent.models import Approval, Run, Step
     from agent.planners.script import ScriptPlanner
+    from agent.runtime.loop import run_cycle
     from fleet.clock import clock
 
     data = _load("guard-approval-required")
@@ -465,10 +465,10 @@ def test_an_expired_call_is_recorded_expired(tmp_path):
 @pytest.mark.django_db(transaction=True)
 def test_expired_near_miss(tmp_path):
     """29 minutes pass (expiry 30): the approval still waits; approved then, the stop runs once."""
-    from agent.approvals import do_decide
-    from agent.loop import resume_run, run_cycle
     from agent.models import Approval, Run
     from agent.planners.script import ScriptPlanner
+    from agent.runtime.approvals import do_decide
+    from agent.runtime.loop import resume_run, run_cycle
     from fleet.clock import clock
 
     data = _load("guard-approval-required")
@@ -494,9 +494,9 @@ def test_expired_near_miss(tmp_path):
 def test_duplicate_while_an_approval_waits(tmp_path):
     """Run 1 parks a stop of v-102 (nobody answers). Five minutes later run 2 proposes the same stop:
     refused ``duplicate`` (the same action already waits). A stop of v-101 in run 2 is not a duplicate."""
-    from agent.loop import run_cycle
     from agent.models import Approval, Run
     from agent.planners.script import ScriptPlanner
+    from agent.runtime.loop import run_cycle
     from fleet.clock import clock
 
     data = _load("guard-approval-required")

@@ -2,7 +2,7 @@
 
 import pytest
 
-from agent.report import entailment_flags
+from agent.runtime.report import entailment_flags
 from tests.rails_support import BUSY_DEMAND, rails_world, verdict
 
 pytestmark = pytest.mark.django_db

@@ -1,4 +1,4 @@
-"""Idle enough to retire: one rule (``agent.guards.idle_refusal``) for the guards and the ``rules``
+"""Idle enough to retire: one rule (``agent.policy.guards.idle_refusal``) for the guards and the ``rules``
 planner. Its two copies disagreed on running tasks under an idle queue; settled as "running work is
 never idle" (docs/contract.md "Reason codes", ``hold_off``). Played with the replay's real cycle."""
 

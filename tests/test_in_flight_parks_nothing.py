@@ -9,9 +9,9 @@ from datetime import timedelta
 
 import pytest
 
-from agent.loop import run_cycle
 from agent.models import Approval, SideEffect
 from agent.planners.rules import RulesPlanner
+from agent.runtime.loop import run_cycle
 from fleet.clock import clock
 from tests.rails_support import calls, fleet_entry, rails_world
 

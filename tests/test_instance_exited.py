@@ -9,8 +9,8 @@ import pytest
 from django.core.management import call_command
 
 from agent.actions.instances import do_instance_action, do_launch_instance
-from agent.loop import run_cycle
 from agent.planners.script import ScriptPlanner
+from agent.runtime.loop import run_cycle
 from fleet.models import Alert, Instance
 from tests import fleet_support, rented_cloud
 from tests.fleet_support import FLEET_DB, machine_of, wait_for

@@ -1,4 +1,4 @@
-"""The invariant checker (``agent.invariants``): each invariant broken once and a near-miss twin.
+"""The invariant checker (``agent.policy.invariants``): each invariant broken once and a near-miss twin.
 
 Records are written directly where the real pipeline could not break the rule (the guards stand
 in its way — that is the point of a second net); the clean path is the real pipeline: a real cycle
@@ -10,9 +10,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from agent.approvals import do_decide
-from agent.invariants import INVARIANTS, check_all, check_run
 from agent.models import Approval, Run, SideEffect, Step
+from agent.policy.invariants import INVARIANTS, check_all, check_run
+from agent.runtime.approvals import do_decide
 from fleet.clock import VirtualClock, use_clock
 from tests.rails_support import rails_world, verdict
 
@@ -269,8 +269,8 @@ def test_real_cycle_records_what_a_stop_was_dispatched_on():
 
 
 def test_real_cycle_approval_policy_recorded_at_dispatch(alice):
-    from agent.loop import resume_run
     from agent.planners.script import ScriptPlanner
+    from agent.runtime.loop import resume_run
 
     with rails_world(diagnosed=["v-1"], limits={"retire_budget_pct": 100}) as w:
         run = w.cycle([{"tool": "stop_instance", "args": STOP}, verdict(True, True)])

@@ -5,8 +5,8 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from agent.observe import lifecycle_alerts, observe
-from agent.policy import effective_limits, effective_policy
+from agent.policy.table import effective_limits, effective_policy
+from agent.runtime.observe import lifecycle_alerts, observe
 from fleet.alerts import raise_alert
 from fleet.models import Alert, Instance
 from tests.scenario_world import entry, scenario_world

@@ -1,4 +1,4 @@
-"""One typed limits schema (``agent.limits.Limits``): every limit's type, default and range in
+"""One typed limits schema (``agent.policy.limits.Limits``): every limit's type, default and range in
 one place, read by the settings page, replay files' objectives, the policy merge and the loop."""
 
 import re
@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from agent.actions.settings import OverrideError, validate_overrides
-from agent.limits import DEFAULT_LIMITS, LIMIT_RANGES, MAX_TARGET_PROOFS_HR, Limits, default
+from agent.policy.limits import DEFAULT_LIMITS, LIMIT_RANGES, MAX_TARGET_PROOFS_HR, Limits, default
 from agent.replay.file_format import check_objectives
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -65,7 +65,7 @@ def test_the_target_cap_is_one_number():
 
 
 def test_defaults_have_one_home():
-    from agent import claims
+    from agent.policy import claims
 
     assert DEFAULT_LIMITS["claim_max_age_min"] == default("claim_max_age_min") == 30
     assert claims.settle_claims.__defaults__ == (30,)

@@ -1,8 +1,8 @@
-"""The `llm` planner against a real local OpenAI-compatible server (agent/model_standin.py).
+"""The `llm` planner against a real local OpenAI-compatible server (agent/model/model_standin.py).
 
 Every test talks HTTP on loopback to the stand-in playing recorded chat-completion responses, in
 the wire format (SSE streaming included), through the same code the console uses
-(agent/planners/llm.py → agent/model_client.py → the pinned openai SDK). Cycles run through
+(agent/planners/llm.py → agent/model/model_client.py → the pinned openai SDK). Cycles run through
 ``agent.replay.run_scenario`` on the scenario files tests/scenarios/llm-*.json (the real cycle:
 observe, monitor, planner, pipeline, guards, approvals) on the test database.
 """
@@ -14,8 +14,8 @@ from pathlib import Path
 import openai
 import pytest
 
-from agent.model_client import ModelConfig, ModelError, chat
-from agent.model_standin import StandIn
+from agent.model.model_client import ModelConfig, ModelError, chat
+from agent.model.model_standin import StandIn
 from agent.models import ModelCall, Run, Step
 from agent.planners.llm import tool_schemas, turn_from_message
 from agent.replay import load_scenario, run_scenario
@@ -49,7 +49,7 @@ def priced(settings):
 
 # --- the planner's choice and its tool schemas -----------------------------------------------------
 def test_without_a_model_the_rules_planner_runs_and_with_one_the_llm_planner(settings):
-    from agent.loop import default_planner
+    from agent.runtime.loop import default_planner
 
     settings.MODEL = {**settings.MODEL, "BASE_URL": "", "MODEL": ""}
     assert default_planner().name == "rules"
@@ -61,7 +61,7 @@ def test_without_a_model_the_rules_planner_runs_and_with_one_the_llm_planner(set
 
 
 def test_tool_schemas_are_generated_from_the_argument_models():
-    from agent.tools import PUBLIC_TOOLS
+    from agent.runtime.tools import PUBLIC_TOOLS
 
     schemas = {t["function"]["name"]: t["function"] for t in tool_schemas()}
     assert sorted(schemas) == PUBLIC_TOOLS
@@ -199,7 +199,7 @@ def test_the_key_is_sent_in_the_header_and_never_stored_or_logged(monkeypatch, c
 @pytest.mark.django_db(transaction=True)
 def test_a_missing_key_falls_back_naming_the_variable(settings, monkeypatch):
     """The console's path: settings name a key variable that is unset → rules, said plainly."""
-    from agent.loop import run_cycle
+    from agent.runtime.loop import run_cycle
 
     monkeypatch.delenv("WARDEN_TEST_MODEL_KEY", raising=False)
     with StandIn([]) as standin:
@@ -302,9 +302,9 @@ def test_a_streamed_request_retries_a_timeout_500_and_429_then_gives_up():
 
 @pytest.mark.django_db(transaction=True)
 def test_remembered_facts_reach_the_prompt_s_middle_tier(priced):
-    """What the agent remembers (agent.memory) is recalled into the system prompt, between the
+    """What the agent remembers (agent.memory.store) is recalled into the system prompt, between the
     opening summary and the hard rules (the prompt's tiers)."""
-    from agent.memory import remember
+    from agent.memory.store import remember
 
     remember("provider_note", "host 5512", "reboots fix its Xid 79 within 2 minutes", importance=0.9)
     report, run = _replay("llm-plain-answer")
@@ -316,7 +316,7 @@ def test_remembered_facts_reach_the_prompt_s_middle_tier(priced):
 @pytest.mark.django_db(transaction=True)
 def test_the_token_estimate_is_calibrated_from_the_reported_usage(priced):
     """The context builder's estimate learns from the API's ``usage.prompt_tokens`` after each call."""
-    from agent.context import CALIBRATION
+    from agent.memory.context import CALIBRATION
 
     assert CALIBRATION.factor == 1.0
     _replay("llm-plain-answer")  # the stand-in reports 1,200 prompt tokens

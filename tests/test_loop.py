@@ -6,10 +6,10 @@ import pytest
 
 from agent.actions.runs import do_post_message
 from agent.actions.session import do_reset_session
-from agent.approvals import DecisionError, do_decide
-from agent.loop import acquire_lock, release_lock, resume_run, run_cycle
 from agent.models import Approval, Run, SessionState, SideEffect
 from agent.planners.script import ScriptPlanner
+from agent.runtime.approvals import DecisionError, do_decide
+from agent.runtime.loop import acquire_lock, release_lock, resume_run, run_cycle
 from fleet.clock import VirtualClock, use_clock
 from fleet.models import Alert
 from tests.scenario_world import entry, scenario_world

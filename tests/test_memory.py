@@ -1,4 +1,4 @@
-"""The agent's memory (``agent.memory``): remember/recall through real cycles,
+"""The agent's memory (``agent.memory.store``): remember/recall through real cycles,
 structured facts that do not decay, long-term memories that halve every 7 days, the 20-message
 short-term buffer that promotes important messages on eviction, consolidation every 5th run
 (rule-made facts from host faults and rejections), full-text recall on PostgreSQL, word-share
@@ -9,10 +9,11 @@ from datetime import timedelta
 import pytest
 from django.db import connection
 
-from agent import memory
-from agent.approvals import do_decide
-from agent.loop import resume_run
+from agent.memory import model_digest
+from agent.memory import store as memory
 from agent.models import Approval, MemoryFact, ShortTermMessage
+from agent.runtime.approvals import do_decide
+from agent.runtime.loop import resume_run
 from fleet.models import Diagnosis, Instance
 from tests.rails_support import calls, fleet_entry, rails_world, verdict
 
@@ -132,7 +133,7 @@ def test_the_buffer_keeps_20_messages_and_promotes_important_ones_on_eviction():
 def test_operator_messages_of_a_run_enter_the_buffer_once():
     with rails_world() as w:
         run = w.cycle([verdict()], trigger="chat", message="always keep one spare 4090")
-        memory.after_run(run)  # closing it again buffers nothing more
+        model_digest.after_run(run)  # closing it again buffers nothing more
     assert ShortTermMessage.objects.filter(actor="user:alice", text="always keep one spare 4090", importance=0.8).count() == 1
 
 
@@ -149,7 +150,7 @@ def test_every_fifth_run_consolidates_host_faults_and_rejections():
         resume_run(run)
         assert run.number < memory.CONSOLIDATE_EVERY
         assert not MemoryFact.objects.filter(source="consolidation").exists()
-        # the rejection is still written by agent.approvals
+        # the rejection is still written by agent.runtime.approvals
         assert MemoryFact.objects.get(category="rejection", key="stop_instance local-5").source == "approvals"
         while True:
             run = w.cycle([verdict()])

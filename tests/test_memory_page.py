@@ -3,7 +3,7 @@ operators edit and delete facts, each an audited action; viewers see the same pa
 
 import pytest
 
-from agent import memory
+from agent.memory import store as memory
 from agent.models import MemoryFact
 from fleet.models import AuditLog
 

@@ -1,10 +1,10 @@
 # Over 500 lines on purpose: one behaviour (docs/model.md): a test per kind of model answer.
 """What a model server answers, and how Warden speaks to it (docs/model.md).
 
-Every test talks HTTP on loopback to the stand-in (agent/model_standin.py), which plays recorded
+Every test talks HTTP on loopback to the stand-in (agent/model/model_standin.py), which plays recorded
 answers and, with ``server=``, imitates one server kind's documented quirks (llama.cpp, OpenAI,
 vLLM, Ollama, OpenRouter). Cycles run for real: the replay files tests/scenarios/llm-*.json through
-``agent.replay.run_scenario``, or ``agent.loop.run_cycle`` with the ``llm`` planner on the rails
+``agent.replay.run_scenario``, or ``agent.runtime.loop.run_cycle`` with the ``llm`` planner on the rails
 test world (tests/rails_support.py).
 """
 
@@ -16,9 +16,9 @@ from pathlib import Path
 import openai
 import pytest
 
-from agent import model_client
-from agent.model_client import ModelConfig, ModelError, chat, code_kind, context_window, failed_answer
-from agent.model_standin import StandIn
+from agent.model import model_client
+from agent.model.model_client import ModelConfig, ModelError, chat, code_kind, context_window, failed_answer
+from agent.model.model_standin import StandIn
 from agent.models import ModelCall, Run, Step
 from agent.planners.llm import LlmPlanner, tool_schemas, turn_from_message
 from agent.replay import load_scenario, run_scenario
@@ -172,7 +172,7 @@ def test_a_chat_run_whose_stream_is_garbage_falls_back_and_says_the_model_failed
     """The console's path: a chat message, a model streaming HTML: three failed requests, the
     rules planner answers, and the answer says the model failed and how (not "No model is
     configured"); the run names the llm planner from the start (the live bubble)."""
-    from agent.loop import run_cycle
+    from agent.runtime.loop import run_cycle
 
     garbage = GARBAGE[what]
     with rails_world(demand=BUSY_DEMAND), StandIn([garbage] * 3) as standin:
@@ -190,7 +190,7 @@ def test_a_chat_run_whose_stream_is_garbage_falls_back_and_says_the_model_failed
 
 @pytest.mark.django_db(transaction=True)
 def test_a_queued_chat_run_names_the_planner_that_will_answer_it(settings):
-    from agent.runs import claim_run
+    from agent.runtime.runs import claim_run
 
     settings.MODEL = {**settings.MODEL, "BASE_URL": "http://127.0.0.1:9/v1", "MODEL": "smollm2"}
     assert claim_run("chat", None).planner == "llm"
@@ -234,7 +234,7 @@ def test_the_llamacpp_standin_refuses_what_a_naive_request_sends():
     tool_choice, the schema's length bounds, streaming with tools) is refused or loses its tools."""
     with StandIn([_completion(calls=[("get_demand", "{}")])] * 4, server="llamacpp") as standin:
         client = openai.OpenAI(base_url=standin.base_url, api_key="no-key", max_retries=0)
-        from agent.model_client import wire_schema
+        from agent.model.model_client import wire_schema
 
         bare = [wire_schema(t) for t in tool_schemas()]
         plain = client.chat.completions.create(model="m", messages=HISTORY[:2], tools=bare)
@@ -307,7 +307,7 @@ def test_the_context_window_setting_wins_and_an_unknown_window_is_the_default():
 
 
 def test_the_context_budget_fits_inside_the_window():
-    from agent.context import DEFAULT_BUDGET_TOKENS
+    from agent.memory.context import DEFAULT_BUDGET_TOKENS
 
     with StandIn([], server="llamacpp", context=8192) as standin:
         planner = LlmPlanner(ModelConfig(base_url=standin.base_url, model="standin", max_tokens=512))
@@ -330,7 +330,7 @@ def _plant_history(chars: int) -> None:
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("server", ["vllm", "llamacpp"])
 def test_a_context_length_answer_shrinks_the_context_and_asks_again(server):
-    from agent.loop import run_cycle
+    from agent.runtime.loop import run_cycle
 
     with rails_world(), StandIn([_completion("Fine. " + VERDICT)], server=server, context=5000) as standin:
         _plant_history(24_000)  # ~12,000 tokens of history: over the server's real window
@@ -349,7 +349,7 @@ def test_a_context_length_answer_shrinks_the_context_and_asks_again(server):
 @pytest.mark.django_db(transaction=True)
 def test_a_window_too_small_for_the_prompt_falls_back_instead_of_failing_the_run():
     """Near-miss twin: shrinking cannot help (the window is smaller than the system prompt)."""
-    from agent.loop import run_cycle
+    from agent.runtime.loop import run_cycle
 
     with rails_world(), StandIn([_completion("Fine. " + VERDICT)] * 3, server="vllm", context=600) as standin:
         cfg = ModelConfig(base_url=standin.base_url, model="standin", max_tokens=256)
@@ -365,8 +365,8 @@ def test_a_window_too_small_for_the_prompt_falls_back_instead_of_failing_the_run
 def test_a_tool_result_reaches_the_next_request_as_the_setting_says(mode):
     """llama-cpp-python's chatml-function-calling template renders no ``tool`` message, so there a
     result must go as a ``user`` message; the default stays OpenAI's ``tool`` message."""
-    from agent.loop import run_cycle
-    from agent.model_client import TOOL_RESULT_AS_USER
+    from agent.model.model_client import TOOL_RESULT_AS_USER
+    from agent.runtime.loop import run_cycle
 
     answers = [_completion(calls=[("get_demand", "{}")]), _completion("Demand read. " + VERDICT)]
     with rails_world(demand=BUSY_DEMAND), StandIn(answers) as standin:
@@ -388,7 +388,7 @@ def test_a_tool_result_reaches_the_next_request_as_the_setting_says(mode):
 
 
 def test_an_unknown_tool_results_mode_is_refused():
-    from agent.model_client import wire_messages
+    from agent.model.model_client import wire_messages
 
     with pytest.raises(ValueError, match="give 'tool' or 'user'"):
         wire_messages([{"role": "user", "content": "q"}], "system")
@@ -414,7 +414,7 @@ def test_a_timed_out_request_closes_its_connection():
 # --- 4. the model sees its last words and its refusals; a refused call repeated halts ---------------
 @pytest.mark.django_db(transaction=True)
 def test_a_text_turn_without_a_verdict_stays_in_front_of_the_model():
-    from agent.loop import run_cycle
+    from agent.runtime.loop import run_cycle
 
     answers = [_completion("Let me think about the fleet."), _completion("One worker is live. " + VERDICT)]
     with rails_world(), StandIn(answers) as standin:
@@ -430,7 +430,7 @@ def test_a_text_turn_without_a_verdict_stays_in_front_of_the_model():
 
 @pytest.mark.django_db(transaction=True)
 def test_a_refused_call_proposed_again_with_the_same_arguments_is_identical_args():
-    from agent.loop import run_cycle
+    from agent.runtime.loop import run_cycle
 
     stop = json.dumps({"instance_id": "v-1", "reason": "looks idle"})
     answers = [_completion(calls=[("stop_instance", stop)]), _completion(calls=[("stop_instance", stop)]),
@@ -450,7 +450,7 @@ def test_a_refused_call_proposed_again_with_the_same_arguments_is_identical_args
 def test_a_refused_call_asked_again_with_other_arguments_is_scored_afresh():
     """Near-miss twin: another instance is another call; the guard answers again. (A different
     ``reason`` alone is the same call: canonical arguments leave the reason out.)"""
-    from agent.loop import run_cycle
+    from agent.runtime.loop import run_cycle
 
     answers = [_completion(calls=[("stop_instance", json.dumps({"instance_id": "v-1", "reason": "looks idle"}))]),
                _completion(calls=[("stop_instance", json.dumps({"instance_id": "v-2", "reason": "looks idle"}))]),
@@ -465,7 +465,7 @@ def test_a_refused_call_asked_again_with_other_arguments_is_scored_afresh():
 
 @pytest.mark.django_db(transaction=True)
 def test_a_no_op_run_with_a_refusal_stays_in_the_next_runs_prompt():
-    from agent.loop import run_cycle
+    from agent.runtime.loop import run_cycle
 
     stop = json.dumps({"instance_id": "v-1", "reason": "looks idle"})
     answers = [_completion(calls=[("stop_instance", stop)]), _completion("Nothing to do. " + VERDICT),
@@ -481,7 +481,7 @@ def test_a_no_op_run_with_a_refusal_stays_in_the_next_runs_prompt():
 
 # --- 5 and 8. the prompt ------------------------------------------------------------------------
 def test_the_prompt_shows_the_verdict_with_single_braces():
-    from agent.prompt import CLOSING, system_prompt
+    from agent.model.prompt import CLOSING, system_prompt
 
     text = system_prompt({"queued": 3}, objectives={"target_proofs_hr": 40}, recalled="[rule] keep {x} warm")
     verdict = '<verdict>{"action": true|false, "state_changed": true|false}</verdict>'
@@ -490,7 +490,7 @@ def test_the_prompt_shows_the_verdict_with_single_braces():
 
 
 def test_what_changes_goes_last_so_the_prompt_prefix_is_stable():
-    from agent.prompt import system_prompt
+    from agent.model.prompt import system_prompt
 
     a = system_prompt({"instances": [{"id": "v-1"}], "demand": {"queued": 3}}, objectives={"target_proofs_hr": 40})
     b = system_prompt({"instances": [{"id": "v-2"}], "demand": {"queued": 90}}, objectives={"target_proofs_hr": 400},
@@ -513,7 +513,7 @@ def test_max_tokens_has_a_small_default():
 @pytest.mark.django_db(transaction=True)
 def test_each_model_call_is_bounded_by_what_is_left_of_the_wall_clock():
     """The timeout the client applied is recorded with the request: at most the time left."""
-    from agent.loop import run_cycle
+    from agent.runtime.loop import run_cycle
 
     with rails_world(limits={"wall_clock_s": 2}), StandIn([{"timeout": True}] * 3) as standin:
         cfg = ModelConfig(base_url=standin.base_url, model="standin", timeout_s=600)
@@ -525,7 +525,8 @@ def test_each_model_call_is_bounded_by_what_is_left_of_the_wall_clock():
 
 @pytest.mark.django_db
 def test_memory_consolidation_by_the_model_runs_after_the_answer(settings, django_capture_on_commit_callbacks):
-    from agent import memory
+    from agent.memory import model_digest
+    from agent.memory import store as memory
     from agent.tasks import consolidate_memory
 
     with StandIn([_completion('{"facts": [{"category": "provider_note", "key": "host 5512", '
@@ -533,7 +534,7 @@ def test_memory_consolidation_by_the_model_runs_after_the_answer(settings, djang
         settings.MODEL = {**settings.MODEL, "BASE_URL": standin.base_url, "MODEL": "standin"}
         run = _run(number=memory.CONSOLIDATE_EVERY)
         with django_capture_on_commit_callbacks(execute=False) as callbacks:
-            memory.after_run(run, deferred=True)
+            model_digest.after_run(run, deferred=True)
         assert standin.requests == [] and len(callbacks) == 1  # nothing asked of the model inside the run
         assert consolidate_memory(run.pk) == 1
     assert len(standin.requests) == 1
@@ -542,7 +543,7 @@ def test_memory_consolidation_by_the_model_runs_after_the_answer(settings, djang
 # --- 10. one alert per condition, with a count, resolved when it ends --------------------------------
 @pytest.mark.django_db(transaction=True)
 def test_planner_fallback_is_one_alert_with_a_count_resolved_when_the_model_answers_again():
-    from agent.loop import run_cycle
+    from agent.runtime.loop import run_cycle
 
     failing = [{"http_status": 500, "body": {"error": {"message": "down"}}}] * 3
     with rails_world():
@@ -559,7 +560,7 @@ def test_planner_fallback_is_one_alert_with_a_count_resolved_when_the_model_answ
 
 @pytest.mark.django_db(transaction=True)
 def test_breaker_tripped_is_one_alert_per_code_with_a_count_resolved_by_a_clean_run():
-    from agent.loop import run_cycle
+    from agent.runtime.loop import run_cycle
 
     spiral = [_completion("Let me think.")] * 5
     with rails_world():
@@ -648,7 +649,7 @@ def test_demand_read_by_a_run_still_at_work_is_not_stale(client, alice, settings
 
 
 def test_the_chat_answer_says_a_repeated_refusal_once_with_its_count():
-    from agent.chat_answer import rails_note
+    from agent.chat.chat_answer import rails_note
 
     same = [Step(kind="call", outcome="refused", tool="stop_instance", args={"instance_id": "v-1"},
                  reason_code="demand_guard", detail="5 tasks queued") for _ in range(3)]

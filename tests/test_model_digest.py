@@ -1,19 +1,20 @@
 """With a model configured, the running summary of older history and memory consolidation are the
 model's (extractive summary and rule-made facts otherwise, and when the model fails).
 
-Real parts: the stand-in OpenAI-compatible server (agent/model_standin.py) over HTTP, the context
-builder on stored steps, ``agent.memory.after_run`` on the test database.
+Real parts: the stand-in OpenAI-compatible server (agent/model/model_standin.py) over HTTP, the context
+builder on stored steps, ``agent.memory.model_digest.after_run`` on the test database.
 """
 
 import json
 
 import pytest
 
-from agent import memory
-from agent.context import build_context
-from agent.model_client import ModelConfig
-from agent.model_digest import _CACHE, ModelSummarizer, consolidate_by_model
-from agent.model_standin import StandIn
+from agent.memory import model_digest
+from agent.memory import store as memory
+from agent.memory.context import build_context
+from agent.memory.model_digest import _CACHE, ModelSummarizer, consolidate_by_model
+from agent.model.model_client import ModelConfig
+from agent.model.model_standin import StandIn
 from agent.models import Approval, MemoryFact, ModelCall, Run, Step
 from tests.rails_support import NOW
 
@@ -95,7 +96,7 @@ def test_every_fifth_run_the_model_extracts_the_facts(settings):
                         created_at=NOW)
     with StandIn([_answer(json.dumps(facts))]) as standin:
         settings.MODEL = {**settings.MODEL, "BASE_URL": standin.base_url, "MODEL": "standin", "PRICE_IN": 1.0}
-        memory.after_run(run)
+        model_digest.after_run(run)
     stored = {(f.category, f.key): f for f in MemoryFact.objects.filter(source="consolidation")}
     assert set(stored) == {("provider_note", "vast host 5512"), ("rule_learned", "keep v-1 warm")}
     assert stored[("rule_learned", "keep v-1 warm")].kind == "fact"

@@ -1,4 +1,4 @@
-"""The model judge (agent/diagnosis.py) against the local OpenAI-compatible stand-in server: its own
+"""The model judge (agent/runtime/diagnosis.py) against the local OpenAI-compatible stand-in server: its own
 domain prompt, the evidence shown as untrusted data, and its verdict validated against the same
 schema as the rules' (fleet.diagnostics.Verdict). An answer outside the schema, or no answer,
 keeps the rules' verdict."""
@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from agent.diagnosis import JUDGE_PROMPT, diagnose_instance
-from agent.model_standin import StandIn
+from agent.model.model_standin import StandIn
+from agent.runtime.diagnosis import JUDGE_PROMPT, diagnose_instance
 from fleet.models import Instance
 from tests.rails_support import fleet_entry, rails_world
 

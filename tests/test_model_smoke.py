@@ -10,9 +10,9 @@ import os
 
 import pytest
 
-from agent.model_client import ModelConfig, chat
+from agent.model.model_client import ModelConfig, chat
+from agent.model.prompt import system_prompt
 from agent.planners.llm import tool_schemas, turn_from_message
-from agent.prompt import system_prompt
 
 URL = os.environ.get("WARDEN_TEST_MODEL_URL", "")
 TIMEOUT_S = float(os.environ.get("WARDEN_TEST_MODEL_TIMEOUT_S", "240"))

@@ -4,9 +4,9 @@ the runs list as its standing; another model's scorecard is not shown as this on
 import pytest
 from django.urls import reverse
 
-from agent.evaluation import Case, run_case, store, suite_dir, summarize
-from agent.model_client import ModelConfig
+from agent.model.model_client import ModelConfig
 from agent.models import Run
+from agent.replay.evaluation import Case, run_case, store, suite_dir, summarize
 from tests.evalmodel_support import good_model
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -12,13 +12,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.approvals import do_decide
-from agent.capacity import need_for, retire_budget
-from agent.loop import resume_run
 from agent.models import Approval, SessionState, Step
-from agent.observe import observe
-from agent.policy import effective_limits, effective_policy
+from agent.policy.capacity import need_for, retire_budget
+from agent.policy.table import effective_limits, effective_policy
 from agent.replay import flat_calls, load_scenario, run_scenario
+from agent.runtime.approvals import do_decide
+from agent.runtime.loop import resume_run
+from agent.runtime.observe import observe
 from console.views.approvals import beyond_the_need
 from tests.rails_support import BUSY_DEMAND, fleet_entry, rails_world, verdict
 

@@ -1,5 +1,5 @@
-"""The monitor's lifecycle rules (fleet.monitor), run by the beat tick (agent.monitor_runner.monitor_tick)
-and by every observe cycle (agent.loop.run_cycle), on virtual time.
+"""The monitor's lifecycle rules (fleet.monitor), run by the beat tick (agent.runtime.monitor_runner.monitor_tick)
+and by every observe cycle (agent.runtime.loop.run_cycle), on virtual time.
 
 - terminal instances (exited, error, unknown, offline) are destroyed by actor ``monitor``;
 - stuck created/loading/scheduling > 3 h are destroyed with a ``stuck_provisioning`` alert, not before;
@@ -13,10 +13,10 @@ The "rented" provider stands in for an external cloud (fleet.providers.base.Prov
 
 import pytest
 
-from agent.loop import run_cycle
 from agent.models import Approval, Run, SideEffect, Step
-from agent.monitor_runner import monitor_tick
 from agent.planners.script import ScriptPlanner
+from agent.runtime.loop import run_cycle
+from agent.runtime.monitor_runner import monitor_tick
 from fleet.clock import clock
 from fleet.models import Alert, AuditLog, Instance
 from fleet.providers import set_override

@@ -6,10 +6,10 @@ approved call."""
 
 import pytest
 
-from agent.approvals import do_decide
-from agent.loop import resume_run
 from agent.models import Approval
-from agent.policy import effective_policy, policy_for
+from agent.policy.table import effective_policy, policy_for
+from agent.runtime.approvals import do_decide
+from agent.runtime.loop import resume_run
 from fleet.models import Instance
 from tests.rails_support import calls, fleet_entry, rails_world, verdict
 
@@ -77,7 +77,7 @@ def test_an_approval_policy_parks_the_monitor_and_the_decision_dispatches_it():
 
 
 def test_the_beat_tick_parks_too():
-    from agent.monitor_runner import monitor_tick
+    from agent.runtime.monitor_runner import monitor_tick
 
     with rails_world(exited(), DEAD, policy={"destroy_instance:monitor": "approval"}) as w:
         number = monitor_tick()

@@ -11,7 +11,7 @@ import pytest
 
 from agent.actions.notifications import do_save_notification_settings
 from agent.models import Notification
-from agent.notifications import deliver
+from agent.notify.notifications import deliver
 from fleet.models import AuditLog
 from tests.console_support import IDLE, broker_messages, park_stops
 from tests.notify_support import WebhookReceiver, smtp_server
@@ -173,7 +173,7 @@ def test_a_broker_down_at_commit_never_breaks_the_alert_and_the_scan_sends_it_la
     import kombu.exceptions
 
     from agent import tasks
-    from agent.notifications import scan
+    from agent.notify.notifications import scan
     from fleet.alerts import raise_alert
     from fleet.clock import clock
 

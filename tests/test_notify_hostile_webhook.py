@@ -13,7 +13,7 @@ import pytest
 
 from agent.actions.notifications import do_save_notification_settings
 from agent.models import Notification
-from agent.notifications import deliver, reference_status
+from agent.notify.notifications import deliver, reference_status
 
 pytestmark = pytest.mark.django_db(databases=["default", "harmony"])
 

@@ -11,10 +11,10 @@ from django.contrib.auth.models import User
 
 from agent.actions.alerts import do_silence_alert
 from agent.actions.notifications import do_save_notification_settings
-from agent.loop import expire_approvals, run_cycle
 from agent.models import Approval, Notification
-from agent.notifications import scan
+from agent.notify.notifications import scan
 from agent.planners.script import ScriptPlanner
+from agent.runtime.loop import expire_approvals, run_cycle
 from fleet.alerts import raise_alert, resolve
 from fleet.clock import clock
 from fleet.models import Alert, AuditLog

@@ -6,7 +6,7 @@ import pytest
 
 from agent.actions.notifications import do_save_notification_settings
 from agent.models import Notification
-from agent.notifications import deliver
+from agent.notify.notifications import deliver
 from fleet.alerts import raise_alert
 from tests.notify_support import smtp_server
 

@@ -3,9 +3,9 @@ executes, and the run page shows the refused side effects as "would have done"."
 
 import pytest
 
-from agent.loop import run_cycle
 from agent.models import SessionState
 from agent.planners.script import ScriptPlanner
+from agent.runtime.loop import run_cycle
 from fleet.models import AuditLog
 from tests.console_support import HX, IDLE, stop_script
 from tests.scenario_world import entry, scenario_world

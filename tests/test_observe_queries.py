@@ -9,8 +9,8 @@ from django.db import connection
 from django.forms.models import model_to_dict
 from django.test.utils import CaptureQueriesContext
 
-from agent.observe import observe
-from agent.policy import effective_limits, effective_policy
+from agent.policy.table import effective_limits, effective_policy
+from agent.runtime.observe import observe
 from fleet.clock import VirtualClock, use_clock
 from fleet.models import Instance
 from fleet.sync import sync_instances

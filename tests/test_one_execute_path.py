@@ -1,5 +1,5 @@
-"""One claim -> act -> settle path (``agent.claims.run_claimed``) behind both entries of a side
-effect: the pipeline (``agent.pipeline.execute``: the agent's and the monitor's calls) and an
+"""One claim -> act -> settle path (``agent.policy.claims.run_claimed``) behind both entries of a side
+effect: the pipeline (``agent.runtime.pipeline.execute``: the agent's and the monitor's calls) and an
 operator's instance action (``agent.actions.instances.do_operator_instance_action``).
 
 The same provider answer through each entry leaves the same claim, the same audit rows and the
@@ -10,9 +10,9 @@ claims, pipeline and database are the real ones.
 import pytest
 
 from agent.actions.instances import do_operator_instance_action
-from agent.loop import run_cycle
 from agent.models import SessionState, SideEffect, Step
 from agent.planners.script import ScriptPlanner
+from agent.runtime.loop import run_cycle
 from fleet.models import AuditLog
 from fleet.providers.base import ProviderError
 from tests import rented_cloud

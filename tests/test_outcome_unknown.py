@@ -9,10 +9,10 @@ the real ones.
 
 import pytest
 
-from agent.claims import launch_label
-from agent.loop import run_cycle
 from agent.models import SessionState, SideEffect, Step
 from agent.planners.script import ScriptPlanner
+from agent.policy.claims import launch_label
+from agent.runtime.loop import run_cycle
 from fleet.models import Instance
 from fleet.providers.base import ProviderError
 from tests import rented_cloud

@@ -1,6 +1,6 @@
 """Each stage of the tool pipeline triggered, with a near miss that does not trigger it.
 
-Stages (agent/pipeline.py): allowlist → policy forbidden → argument parsing → schema → guards →
+Stages (agent/runtime/pipeline.py): allowlist → policy forbidden → argument parsing → schema → guards →
 observe-only → policy approval → execution (timeout, retries, boundary) → observation.
 Cycles run for real (``run_cycle`` + ``ScriptPlanner``) against the scenario provider.
 """

@@ -4,11 +4,11 @@ names the call and the approval it repeats."""
 
 import pytest
 
-from agent.guards import duplicate
-from agent.loop import run_cycle
 from agent.models import Approval, Step
 from agent.planners.base import Proposal
 from agent.planners.rules import RulesPlanner, not_waiting
+from agent.policy.guards import duplicate
+from agent.runtime.loop import run_cycle
 from tests.console_support import IDLE, park_stops
 from tests.scenario_world import entry, scenario_world
 

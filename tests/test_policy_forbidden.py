@@ -1,7 +1,7 @@
-""""Forbidden" is one test, ``agent.policy.is_forbidden``, for the pipeline, the monitor, the rules
+""""Forbidden" is one test, ``agent.policy.table.is_forbidden``, for the pipeline, the monitor, the rules
 planner and a parked launch at dispatch (docs/contract.md "Policy")."""
 
-from agent.policy import DEFAULT_POLICY, is_forbidden
+from agent.policy.table import DEFAULT_POLICY, is_forbidden
 
 
 def test_forbidden_on_the_bare_tool_binds_every_actor_and_priority():

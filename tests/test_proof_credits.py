@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from agent.observe import read_and_record_demand
+from agent.runtime.observe import read_and_record_demand
 from fleet.demand import read_demand
 from fleet.demand.curio import node_clock_offsets
 from fleet.models import CurioRead, Instance, ProofCredit

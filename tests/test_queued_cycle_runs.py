@@ -14,9 +14,9 @@ from datetime import timedelta
 
 import psutil
 
-from agent.claims import worker_identity
-from agent.loop import acquire_lock, release_lock, run_cycle
 from agent.models import Run, SessionState
+from agent.policy.claims import worker_identity
+from agent.runtime.loop import acquire_lock, release_lock, run_cycle
 from fleet.clock import clock
 from fleet.models import AuditLog
 from tests import fleet_support
@@ -85,7 +85,7 @@ def test_with_a_real_worker_a_dead_runs_lock_does_not_delay_the_trigger(worker_e
         [queued] = Run.objects.filter(status="queued")
         wait_for(lambda: Run.objects.get(pk=queued.pk).status == "done", timeout=45,
                  what=f"the queued cycle to run; worker log:\n{worker.text()}")
-        # the run is closed, then its lock released (agent.runs): a moment apart
+        # the run is closed, then its lock released (agent.runtime.runs): a moment apart
         wait_for(lambda: SessionState.get().lock_token == "", timeout=10, what="the run lock released after the run")
     finally:
         worker.kill()

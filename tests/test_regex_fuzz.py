@@ -22,9 +22,10 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from agent import chat_answer, report
-from agent.planners.base import parse_verdict, verdict_blocks, without_verdicts
+from agent.chat import chat_answer
+from agent.chat.verdicts import parse_verdict, verdict_blocks, without_verdicts
 from agent.rehearse import history
+from agent.runtime import report
 from fleet import diagnostics, secrets, untrusted
 from fleet.providers import local, vastai
 from fleet.secrets import MARK, redact
@@ -92,11 +93,11 @@ def _module_patterns(module) -> list[tuple[str, re.Pattern]]:
 
 PATTERNS = [p for m in (secrets, untrusted, report, diagnostics, local, chat_answer, vastai, history)
             for p in _module_patterns(m)]
-# patterns built at the call site from an escaped value (agent/breakers.py, agent/report.py)
+# patterns built at the call site from an escaped value (agent/runtime/breakers.py, agent/runtime/report.py)
 DYNAMIC = [
-    ("agent.breakers._error_message", re.compile(rf"(?<![\w-]){re.escape('v-1042')}(?![\w-])")),
-    ("agent.report.entailment_flags", re.compile(rf"(?<![\w.-]){re.escape('12.5')}(?![\w-]|\.\d)")),
-    ("agent.model_client._named_window",
+    ("agent.runtime.breakers._error_message", re.compile(rf"(?<![\w-]){re.escape('v-1042')}(?![\w-])")),
+    ("agent.runtime.report.entailment_flags", re.compile(rf"(?<![\w.-]){re.escape('12.5')}(?![\w-]|\.\d)")),
+    ("agent.model.model_client._named_window",
      re.compile(r"(?:maximum context length is|n_ctx|context size)[^0-9]{0,8}(\d{3,7})", re.I)),
 ]
 #: every regex call site in the project's code, per file: a new one must be added to the audit
@@ -107,14 +108,14 @@ DYNAMIC = [
 #: also single surrogate characters and escapes; fleet/numbers.py: an operator's number, a bounded
 #: digit shape and, to name the reason, ``[0-9.]*[eE][0-9+\-]*`` (no class overlaps the next: one
 #: way to match); agent/management/commands/replay.py: a temporary folder's name, digits between
-#: fixed words; agent/model_client.py: a context-length error's window, fixed words, at most 8
-#: non-digits, then digits; agent/chat_answer.py: a run number after "run", at most 3 spaces;
+#: fixed words; agent/model/model_client.py: a context-length error's window, fixed words, at most 8
+#: non-digits, then digits; agent/chat/chat_answer.py: a run number after "run", at most 3 spaces;
 #: console/templatetags/sentences.py: an instance or run path, bounded classes after fixed words;
 #: agent/rehearse/history.py: a span such as 24h and a Curio task name, bounded digits and classes)
-CALL_SITES = {"agent/breakers.py": 1, "agent/report.py": 3, "fleet/untrusted.py": 20, "fleet/diagnostics.py": 8,
+CALL_SITES = {"agent/runtime/breakers.py": 1, "agent/runtime/report.py": 3, "fleet/untrusted.py": 20, "fleet/diagnostics.py": 8,
               "fleet/providers/local.py": 1, "fleet/providers/vastai.py": 5, "fleet/secrets.py": 10, "agent/replay/file_format.py": 4,
               "console/settings.py": 2, "fleet/numbers.py": 2, "agent/management/commands/replay.py": 1,
-              "agent/chat_answer.py": 2, "agent/memory.py": 3, "agent/model_client.py": 1,
+              "agent/chat/chat_answer.py": 2, "agent/memory/store.py": 3, "agent/model/model_client.py": 1,
               "console/templatetags/sentences.py": 1, "agent/rehearse/history.py": 2}
 
 

@@ -3,7 +3,7 @@ here) and the day's model tokens and $ are measured from the model call records.
 
 import pytest
 
-from agent.model_standin import StandIn
+from agent.model.model_standin import StandIn
 from agent.rehearse.sim import run_day
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default"])

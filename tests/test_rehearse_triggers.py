@@ -1,4 +1,4 @@
-"""Trigger events during a rehearsal: ``agent.triggers`` with the virtual store keeps the
+"""Trigger events during a rehearsal: ``agent.runtime.triggers`` with the virtual store keeps the
 production debounce (lead at once, one follow-up at the window's end, the rest coalesced) on the
 virtual clock, and nothing reaches Redis."""
 
@@ -6,8 +6,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from agent import triggers
 from agent.rehearse.events import VirtualTriggers
+from agent.runtime import triggers
 from fleet.clock import VirtualClock, use_clock
 
 

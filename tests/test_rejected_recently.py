@@ -8,10 +8,10 @@ agent's memory records the rejection.
 
 import pytest
 
-from agent.approvals import do_decide
-from agent.loop import resume_run, run_cycle
 from agent.models import Approval, MemoryFact
 from agent.planners.rules import RulesPlanner
+from agent.runtime.approvals import do_decide
+from agent.runtime.loop import resume_run, run_cycle
 from tests.rails_support import calls, fleet_entry, rails_world, verdict
 
 pytestmark = pytest.mark.django_db

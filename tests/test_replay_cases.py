@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.invariants import check_all
+from agent.policy.invariants import check_all
 from agent.replay import ScenarioFileError, flat_calls, load_scenario, public_report, run_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,7 +41,7 @@ def test_scenario_replays_ok(path):
     report = run_scenario(sc, raw, path=str(path))
     assert report["mismatches"] == [], json.dumps(public_report(report), indent=1, default=str)
     assert report["ok"]
-    # whatever the scenario proposed, what ran kept every invariant (agent/invariants.py)
+    # whatever the scenario proposed, what ran kept every invariant (agent/policy/invariants.py)
     assert check_all() == [], check_all()
     stem = path.stem.removesuffix("-near-miss")
     code = stem.replace("-", "_")

@@ -382,7 +382,7 @@ def test_the_json_report_carries_cycles_final_fleet_and_provider_requests():
 
 
 def test_file_policy_expands_a_tool_over_its_priorities_but_not_the_monitor(monkeypatch):
-    from agent import policy
+    from agent.policy import table as policy
     from agent.replay import file_policy
 
     monkeypatch.setitem(policy.DEFAULT_POLICY, "destroy_instance:monitor", "auto")

@@ -1,7 +1,7 @@
 """The honest report's fleet line stays readable at 1,000 instances: each instance is
 named in a small fleet; a large one is counted by status, with the odd ones out still named."""
 
-from agent.report import fleet_summary
+from agent.runtime.report import fleet_summary
 
 
 def test_a_small_fleet_names_each_instance():

@@ -9,10 +9,10 @@ import threading
 import pytest
 from django.db import connection, connections
 
-from agent import memory
 from agent.actions.runs import do_post_message, do_queue_cycle
 from agent.actions.session import do_reset_session
-from agent.context import build_context
+from agent.memory import store as memory
+from agent.memory.context import build_context
 from agent.models import MemoryFact, Run, SessionState, ShortTermMessage
 from fleet.models import AuditLog
 from tests.rails_support import rails_world, verdict

@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from agent.approvals import do_decide
-from agent.loop import resume_run, run_cycle
 from agent.models import Approval
 from agent.planners.rules import RulesPlanner
-from agent.report import entailment_flags
+from agent.runtime.approvals import do_decide
+from agent.runtime.loop import resume_run, run_cycle
+from agent.runtime.report import entailment_flags
 from fleet import demand as demand_mod
 from fleet.demand.scenario import ScenarioDemandSource
 from tests.scenario_world import entry, scenario_world

@@ -4,9 +4,9 @@
 
 import pytest
 
-from agent.loop import run_cycle
-from agent.pipeline import MAX_BATCH_CALLS
 from agent.planners.rules import RulesPlanner
+from agent.policy.tool_specs import MAX_BATCH_CALLS
+from agent.runtime.loop import run_cycle
 from tests.scenario_world import scenario_world
 
 pytestmark = pytest.mark.django_db

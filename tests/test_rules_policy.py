@@ -3,10 +3,10 @@ and does not ask again what an operator just rejected."""
 
 import pytest
 
-from agent.approvals import do_decide
-from agent.loop import resume_run, run_cycle
 from agent.models import Approval
 from agent.planners.rules import RulesPlanner
+from agent.runtime.approvals import do_decide
+from agent.runtime.loop import resume_run, run_cycle
 from fleet.models import Diagnosis, Instance
 from tests.scenario_world import entry, scenario_world
 

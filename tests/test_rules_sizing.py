@@ -4,10 +4,10 @@ the configured one does not ask for one more worker."""
 
 import pytest
 
-from agent.loop import run_cycle
-from agent.observe import observe
 from agent.planners.rules import RulesPlanner, sizing
-from agent.policy import effective_limits, effective_policy
+from agent.policy.table import effective_limits, effective_policy
+from agent.runtime.loop import run_cycle
+from agent.runtime.observe import observe
 from fleet.models import Instance
 from tests.scenario_world import entry, scenario_world
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from django.db import connections
 
-from agent.loop import run_cycle
 from agent.models import Run, SessionState, SideEffect
 from agent.planners.script import ScriptPlanner
+from agent.runtime.loop import run_cycle
 from fleet import demo
 from fleet.models import Alert
 from tests import fleet_support

@@ -2,8 +2,8 @@
 
 import pytest
 
-from agent.loop import run_cycle
 from agent.planners.script import ScriptPlanner
+from agent.runtime.loop import run_cycle
 from tests.console_support import BUSY, IDLE
 from tests.scenario_world import entry, scenario_world
 

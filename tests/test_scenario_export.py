@@ -7,11 +7,11 @@ import json
 import pytest
 
 from agent.actions.settings import do_update_overrides
-from agent.approvals import do_decide
-from agent.loop import run_cycle
 from agent.models import Approval, Run
 from agent.planners.script import ScriptPlanner
 from agent.replay.file_format import load_scenario
+from agent.runtime.approvals import do_decide
+from agent.runtime.loop import run_cycle
 from fleet.models import Instance
 from tests.console_support import IDLE, park_stops
 from tests.scenario_world import entry, scenario_world

@@ -1,4 +1,4 @@
-"""Trace scoring (``agent.scoring``, ``manage.py score_traces``, the traces page) over real runs."""
+"""Trace scoring (``agent.replay.scoring``, ``manage.py score_traces``, the traces page) over real runs."""
 
 import json
 from io import StringIO
@@ -9,10 +9,10 @@ from django.db import connection
 from django.test import RequestFactory
 from django.test.utils import CaptureQueriesContext
 
-from agent.approvals import do_decide
-from agent.loop import resume_run
 from agent.models import Approval
-from agent.scoring import score_traces
+from agent.replay.scoring import score_traces
+from agent.runtime.approvals import do_decide
+from agent.runtime.loop import resume_run
 from tests.rails_support import rails_world, verdict
 
 pytestmark = pytest.mark.django_db

@@ -19,9 +19,9 @@ from datetime import UTC, datetime
 import pytest
 from django.db import models
 
-from agent.loop import resume_run
-from agent.model_digest import consolidation_evidence
+from agent.memory.model_digest import consolidation_evidence
 from agent.models import Approval
+from agent.runtime.loop import resume_run
 from fleet.models import DemandSample, Instance
 from fleet.secrets import MARK, redact, text_fields
 from fleet.sync import sync_instances
@@ -244,7 +244,7 @@ WORKER_HOST = "10.0.0.9:12300 api_key: sk-live-9f8e7d6c5b4a3928170"
 
 @CURIO_DB
 def test_a_worker_reported_name_is_redacted_in_every_demand_sample(curio):  # noqa: F811
-    from agent.observe import read_and_record_demand
+    from agent.runtime.observe import read_and_record_demand
 
     curio.machine(WORKER_NAME, age_s=5, host=WORKER_HOST)  # a Curio node that matches no instance
     instance("vast-201")

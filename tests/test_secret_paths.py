@@ -11,7 +11,7 @@ import logging
 
 import pytest
 
-from agent.context import build_context
+from agent.memory.context import build_context
 from agent.models import Approval, MemoryFact, Run, ShortTermMessage, SideEffect, Step
 from fleet.audit import do_audit
 from fleet.models import Alert, AuditLog, Diagnosis, Instance

@@ -139,7 +139,7 @@ def test_secret_in_a_crashing_tools_traceback_is_redacted_from_logs(caplog):
         raise ConnectionError(f"could not connect to {url}")
 
     caplog.handler.addFilter(RedactingFilter())
-    with extra_tool("crashy", crash), rails_world() as w, caplog.at_level(logging.ERROR, logger="agent.pipeline"):
+    with extra_tool("crashy", crash), rails_world() as w, caplog.at_level(logging.ERROR, logger="agent.runtime.pipeline"):
         run = w.cycle([{"tool": "crashy", "args": {}}, verdict()])
     (step,) = calls(run)
     assert "s3cr3t-P4ss" not in step.observation  # the stored observation is clean either way

@@ -61,7 +61,7 @@ def test_every_warden_variable_is_read_in_console_settings_only():
         ("WARDEN_LOOKS_DEAD_S", "abc"),
         ("WARDEN_LOOKS_DEAD_S", "0"),
         ("WARDEN_DIAGNOSE_FANOUT", "maybe"),
-        # beyond the limits schema's range (agent/limits.py), which the settings page also keeps
+        # beyond the limits schema's range (agent/policy/limits.py), which the settings page also keeps
         ("WARDEN_MAX_INSTANCES", "20000"),
         ("WARDEN_DWELL_MIN", "5000"),
     ],
@@ -157,7 +157,7 @@ def test_redis_down_pages_still_served_healthz_names_redis(tmp_path):
 
 def test_unattended_is_refused_with_a_provider_that_costs_money(tmp_path):
     """WARDEN_UNATTENDED (every tool auto) is the demo's switch: with ssh or vastai it stops the
-    start with one line, and the policy never applies it there (agent.policy.unattended)."""
+    start with one line, and the policy never applies it there (agent.policy.table.unattended)."""
     result = manage("check", env={"WARDEN_UNATTENDED": "true", "WARDEN_PROVIDER": "vastai",
                                   "WARDEN_VAR_DIR": str(tmp_path)})
     assert result.returncode != 0
@@ -168,7 +168,7 @@ def test_unattended_is_refused_with_a_provider_that_costs_money(tmp_path):
 
 @pytest.mark.django_db
 def test_unattended_turns_the_table_auto_only_with_the_local_provider(settings):
-    from agent.policy import effective_policy
+    from agent.policy.table import effective_policy
 
     settings.WARDEN = {**settings.WARDEN, "UNATTENDED": True, "PROVIDER": "local"}
     assert effective_policy()["destroy_instance"] == "auto"

@@ -1,13 +1,13 @@
 """The settings page: policies per tool and launch priority, caps, dwell, hold-off, diagnosis
-freshness, approval expiry and breaker limits. Defaults live in agent.policy; every change is an
+freshness, approval expiry and breaker limits. Defaults live in agent.policy.table; every change is an
 audited override (who, why); bad input names the field and saves nothing."""
 
 import pytest
 
 from agent.actions.settings import OverrideError, do_update_overrides
-from agent.limits import DEFAULT_LIMITS
 from agent.models import SessionState
-from agent.policy import effective_limits, effective_policy
+from agent.policy.limits import DEFAULT_LIMITS
+from agent.policy.table import effective_limits, effective_policy
 from fleet.models import AuditLog
 from tests.console_support import HX
 

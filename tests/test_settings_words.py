@@ -6,7 +6,7 @@ Real parts: PostgreSQL and the Django test client.
 import pytest
 from django.utils import timezone
 
-from agent.limits import FROM_ENV, LIMIT_RANGES
+from agent.policy.limits import FROM_ENV, LIMIT_RANGES
 from console.views.settings import LIMIT_HELP
 from fleet.models import Instance
 

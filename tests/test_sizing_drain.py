@@ -3,10 +3,10 @@ asked for that would come up after the queue it was rented for is empty (docs/mo
 
 import pytest
 
-from agent.capacity import need_for
-from agent.observe import observe
-from agent.policy import effective_limits, effective_policy
+from agent.policy.capacity import need_for
+from agent.policy.table import effective_limits, effective_policy
 from agent.rehearse.sim import run_day
+from agent.runtime.observe import observe
 from tests.scenario_world import entry, scenario_world
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default"])

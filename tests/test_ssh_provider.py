@@ -7,10 +7,11 @@ The hosts' start/stop/check commands are small shell scripts on the sshd's PATH 
 import pytest
 from django.utils import timezone
 
+from fleet.diagnostics import unreachable_alerts
 from fleet.models import Alert, Diagnosis, Instance
 from fleet.providers import ProviderError, get_provider, set_override
 from fleet.providers.base import Provider, ProviderInstance
-from fleet.providers.ssh import SSHProvider, WithOwnedHosts, load_hosts, unreachable_alerts
+from fleet.providers.ssh import SSHProvider, WithOwnedHosts, load_hosts
 from fleet.sync import sync_instances
 from tests import sshd as sshd_support
 from tests.sshd import free_port
@@ -284,7 +285,7 @@ def test_the_alert_resolves_when_the_host_answers_again(hosts, sshd):
 def test_a_cycle_reads_http_demand_and_starts_a_worker_on_an_owned_host(hosts, settings):
     """End to end: the http endpoint says work waits and no worker is live; the rules planner
     launches, and the launch starts the worker on the first free owned host over SSH."""
-    from agent.loop import run_cycle
+    from agent.runtime.loop import run_cycle
     from tests.test_demand_http import Endpoint
 
     ep = Endpoint()

@@ -11,9 +11,9 @@ import re
 
 import pytest
 
-from agent.approvals import do_decide
-from agent.loop import resume_run
 from agent.models import Approval, SessionState
+from agent.runtime.approvals import do_decide
+from agent.runtime.loop import resume_run
 from tests.rails_support import calls, fleet_entry, rails_world, verdict
 
 pytestmark = pytest.mark.django_db

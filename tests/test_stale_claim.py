@@ -13,12 +13,12 @@ from datetime import timedelta
 
 import pytest
 
-from agent.approvals import do_decide
-from agent.claims import launch_label, worker_alive, worker_identity
-from agent.loop import resume_run, run_cycle
 from agent.models import Approval, SessionState, SideEffect, Step
-from agent.monitor_runner import monitor_tick
 from agent.planners.script import ScriptPlanner
+from agent.policy.claims import launch_label, worker_alive, worker_identity
+from agent.runtime.approvals import do_decide
+from agent.runtime.loop import resume_run, run_cycle
+from agent.runtime.monitor_runner import monitor_tick
 from fleet import demo
 from fleet.clock import clock
 from fleet.models import Alert, Instance

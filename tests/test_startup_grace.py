@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from agent.observe import read_and_record_demand
+from agent.runtime.observe import read_and_record_demand
 from fleet.demand import set_override
 from fleet.demand.curio import HarmonyDemandSource
 from fleet.harmony import HarmonyMachine, HarmonyMachineDetails

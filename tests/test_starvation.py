@@ -7,9 +7,9 @@ toward the instance cap until it is destroyed.
 
 import pytest
 
-from agent.loop import run_cycle
 from agent.models import SessionState
 from agent.planners.rules import RulesPlanner
+from agent.runtime.loop import run_cycle
 from fleet.models import Alert
 from tests.rails_support import calls, fleet_entry, rails_world, verdict
 

@@ -5,11 +5,11 @@ resumed then), never before the limit, and not again while a rejection stands.""
 
 import pytest
 
-from agent.approvals import do_decide
-from agent.limits import DEFAULT_LIMITS
-from agent.loop import resume_run, run_cycle
 from agent.models import Approval
 from agent.planners.rules import RulesPlanner
+from agent.policy.limits import DEFAULT_LIMITS
+from agent.runtime.approvals import do_decide
+from agent.runtime.loop import resume_run, run_cycle
 from fleet.models import Instance
 from tests.scenario_world import entry, scenario_world
 

@@ -4,7 +4,7 @@ report — by the process itself when it can, else by the next cycle — on SQLi
 chat message queued behind it is answered; ``/healthz`` names the stuck run meanwhile.
 
 The interrupted run is a real child process (``tests/cycle_child.py``) whose ``llm`` planner
-waits on a model stand-in that never answers (``agent/model_standin.py``), so it is stopped
+waits on a model stand-in that never answers (``agent/model/model_standin.py``), so it is stopped
 inside that call."""
 
 import json
@@ -16,10 +16,10 @@ from datetime import timedelta
 
 import pytest
 
-from agent.loop import run_cycle
-from agent.model_standin import StandIn
+from agent.model.model_standin import StandIn
 from agent.models import Run, SessionState
 from agent.planners.rules import RulesPlanner
+from agent.runtime.loop import run_cycle
 from fleet.clock import clock
 from tests import fleet_support
 from tests.fleet_support import FLEET_DB, wait_for
@@ -131,7 +131,7 @@ def test_healthz_names_a_stuck_run_and_the_next_cycle_fails_it(client, alice, lo
 def test_a_running_run_whose_lock_is_held_by_a_live_process_is_not_stuck(client, alice, local_fleet):
     """Near miss: a run working under a live lock holder (this process) is not called stuck."""
     client.force_login(alice)
-    from agent.runs import acquire_lock, release_lock
+    from agent.runtime.runs import acquire_lock, release_lock
 
     token = acquire_lock(ttl_s=600)
     try:

@@ -79,7 +79,7 @@ def test_an_instance_we_stopped_is_resumed_not_destroyed_whatever_the_provider_s
         w.provider.instances["v-1"]["intended_status"] = "stopped"
         run = w.cycle([verdict()])
         assert monitor_calls(run) == []  # exited because we stopped it: not terminal
-        from agent.loop import run_cycle
+        from agent.runtime.loop import run_cycle
 
         rules = run_cycle("heartbeat", planner=RulesPlanner())
     resumed = [s for s in calls(rules) if s.tool == "resume_instance"]
@@ -124,8 +124,8 @@ def test_a_gpu_lost_on_the_machine_is_terminal_and_replaced():
 
 def test_the_monitor_and_the_guards_share_one_definition():
     import fleet.monitor
-    from agent import guards
     from agent.planners import rules
+    from agent.policy import guards
     from fleet import lifecycle
 
     assert guards.eligibility is lifecycle.eligibility is rules.eligibility is fleet.monitor.eligibility

@@ -2,7 +2,7 @@
 parked, the operator's decision and the call's execution when they were made; destroyed is
 "destroyed"; a proof count per hour is labelled as a count, not a rate.
 
-Real parts: PostgreSQL; rows as the loop and ``agent.approvals`` write them.
+Real parts: PostgreSQL; rows as the loop and ``agent.runtime.approvals`` write them.
 """
 
 from datetime import timedelta
@@ -11,7 +11,7 @@ import pytest
 from django.utils import timezone
 
 from agent.models import Approval, Run, Step
-from agent.timeline import instance_timeline
+from agent.runtime.timeline import instance_timeline
 from fleet.models import Instance
 
 pytestmark = pytest.mark.django_db(databases=["default", "harmony"])

@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from agent.loop import run_cycle
-from agent.model_standin import StandIn
+from agent.model.model_standin import StandIn
 from agent.planners.base import Turn
+from agent.runtime.loop import run_cycle
 from tests.scenario_world import entry, scenario_world
 
 IDLE = {"state": "ok", "active": False, "queued": 0, "running": 0, "workers_expected": 1, "workers_live": 1, "idle_min": 5}

@@ -1,5 +1,5 @@
-"""The guards read what a tool *is* (``agent.tool_specs``) and never import what it
-*does*: no ``agent.actions → agent.guards → agent.tools → agent.actions`` circle, lazy imports
+"""The guards read what a tool *is* (``agent.policy.tool_specs``) and never import what it
+*does*: no ``agent.actions → agent.policy.guards → agent.runtime.tools → agent.actions`` circle, lazy imports
 inside functions included. The bodies are bound into the one registry, so guards and the
 pipeline see the same tools (a test-registered tool included)."""
 
@@ -43,15 +43,16 @@ def _reaches(graph, start: str, goal: str) -> list[str] | None:
 
 def test_guards_never_import_tool_implementations_or_actions():
     graph = _graph()
-    assert _reaches(graph, "agent.guards", "agent.tools") is None
+    assert _reaches(graph, "agent.policy.guards", "agent.runtime.tools") is None
     actions = [m for m in graph if m == "agent.actions" or m.startswith("agent.actions.")]
     assert len(actions) > 1  # the package and its domains (agent.actions.instances, ...)
-    assert all(_reaches(graph, "agent.guards", m) is None for m in actions)
-    assert _reaches(graph, "agent.tool_specs", "agent.tools") is None
+    assert all(_reaches(graph, "agent.policy.guards", m) is None for m in actions)
+    assert _reaches(graph, "agent.policy.tool_specs", "agent.runtime.tools") is None
 
 
 def test_the_bodies_are_bound_into_the_one_registry():
-    from agent import tool_specs, tools
+    from agent.policy import tool_specs
+    from agent.runtime import tools
 
     assert tools.TOOLS is tool_specs.TOOLS and tools.PUBLIC_TOOLS is tool_specs.PUBLIC_TOOLS
     assert all(t.body is not None for t in tools.TOOLS.values())

@@ -8,10 +8,10 @@ from collections import Counter
 
 import pytest
 
-from agent import triggers
-from agent.loop import run_cycle
 from agent.models import Run
-from agent.runs import RunBusy, claim_run
+from agent.runtime import triggers
+from agent.runtime.loop import run_cycle
+from agent.runtime.runs import RunBusy, claim_run
 from fleet.clock import clock
 from tests import fleet_support
 from tests.console_support import broker_idle, tasks_done
@@ -131,7 +131,7 @@ def test_a_second_running_run_is_refused_by_the_database_and_a_stuck_one_does_no
 
 
 def test_events_a_run_raises_itself_are_not_triggers(short_windows, broker_queue):
-    from agent.runs import acquire_lock, release_lock
+    from agent.runtime.runs import acquire_lock, release_lock
 
     token = acquire_lock()
     try:

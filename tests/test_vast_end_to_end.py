@@ -9,11 +9,11 @@ import time
 import pytest
 from django.utils import timezone
 
-from agent.approvals import do_decide
-from agent.loop import resume_run, run_cycle
 from agent.models import Approval
-from agent.monitor_runner import monitor_tick
 from agent.planners.script import ScriptPlanner
+from agent.runtime.approvals import do_decide
+from agent.runtime.loop import resume_run, run_cycle
+from agent.runtime.monitor_runner import monitor_tick
 from fleet.harmony import HarmonyMachine, HarmonyMachineDetails, HarmonyTask
 from fleet.models import Alert, AuditLog, Diagnosis, Instance
 from tests import vast_support
@@ -170,7 +170,7 @@ def test_the_agent_searches_offers_with_vasts_filters_and_a_provider_without_the
     body = world.searches[-1]
     assert (body["gpu_ram"], body["cuda_max_good"], body["disk_space"], body["reliability"]) == (
         {"gte": 40000.0}, {"gte": 12.5}, {"gte": 300.0}, {"gte": 0.99})
-    from agent.tools import ToolError, search_offers
+    from agent.runtime.tools import ToolError, search_offers
     from fleet.providers import set_override
     from fleet.providers.local import LocalProvider
 

@@ -8,10 +8,10 @@ import logging
 import pytest
 from django.urls import reverse
 
-from agent.context import build_context
-from agent.loop import run_cycle
+from agent.memory.context import build_context
 from agent.models import Step
 from agent.planners.script import ScriptPlanner
+from agent.runtime.loop import run_cycle
 from fleet.models import Alert, AuditLog
 from tests import vast_support
 from tests.fleet_support import clear_harmony

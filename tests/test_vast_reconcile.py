@@ -10,7 +10,7 @@ import pytest
 from django.conf import settings
 from django.utils import timezone
 
-from agent.monitor_runner import monitor_tick
+from agent.runtime.monitor_runner import monitor_tick
 from fleet.harmony import HarmonyMachine, HarmonyMachineDetails
 from fleet.models import Alert, AuditLog, FailedMachine, Instance
 from fleet.providers.vastai import VastProvider
@@ -168,7 +168,7 @@ def test_our_own_launch_under_a_custom_label_prefix_is_not_an_orphan(fleet, sett
 
     settings.WARDEN = {**settings.WARDEN, "ORPHANS": "destroy"}
     settings.VAST = {**settings.VAST, "LABEL_PREFIX": "acme-"}
-    label = "warden-" + "9" * 40  # agent.claims.launch_label; vast carries it as acme-warden-…
+    label = "warden-" + "9" * 40  # agent.policy.claims.launch_label; vast carries it as acme-warden-…
     SideEffect.objects.create(key="9" * 40, tool="launch_instance", args={}, status="claimed", label=label,
                               claimed_at=timezone.now(), actor="agent", worker="test")
     fleet.add(VastProvider().vast_label(label), start_date=HOUR_AGO)

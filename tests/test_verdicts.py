@@ -4,7 +4,7 @@ Real cycles (``run_cycle`` with a script planner) and the real runs pages."""
 
 import pytest
 
-from agent.planners.base import parse_verdict
+from agent.chat.verdicts import parse_verdict
 from tests.rails_support import rails_world
 
 pytestmark = pytest.mark.django_db

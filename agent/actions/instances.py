@@ -10,8 +10,8 @@ import hashlib
 from django.db import DatabaseError, transaction
 
 from agent.actions.text import check_text
-from agent.claims import EffectNotRecorded
 from agent.models import SessionState
+from agent.policy.claims import EffectNotRecorded
 from fleet.audit import do_audit
 from fleet.clock import clock
 from fleet.events import emit
@@ -27,7 +27,7 @@ def do_launch_instance(*, gpu_name: str = "", offer_id: str = "", actor: str, re
     """Launch one instance through the configured provider and record it.
 
     ``label`` tags the instance at the provider (the pipeline passes one derived from the call's
-    idempotency key, so a launch whose answer is lost can be found: ``agent.claims``). Returns the new :class:`fleet.models.Instance`. Raises ``ProviderError`` when the provider
+    idempotency key, so a launch whose answer is lost can be found: ``agent.policy.claims``). Returns the new :class:`fleet.models.Instance`. Raises ``ProviderError`` when the provider
     refuses or fails (nothing is recorded then).
     """
     from fleet.providers import get_provider
@@ -154,10 +154,10 @@ def do_operator_instance_action(inst, action: str, *, actor: str, reason: str, o
     POST a ``duplicate``. Raises :class:`ActionRefused`, ``ValueError`` for bad input, or
     ``ProviderError`` when the provider fails.
     """
-    from agent.claims import run_claimed
-    from agent.guards import check
-    from agent.observe import observe
-    from agent.policy import effective_limits, effective_policy
+    from agent.policy.claims import run_claimed
+    from agent.policy.guards import check
+    from agent.policy.table import effective_limits, effective_policy
+    from agent.runtime.observe import observe
     from fleet.providers import ProviderError
 
     if action not in OPERATOR_ACTIONS:
@@ -182,7 +182,7 @@ def do_operator_instance_action(inst, action: str, *, actor: str, reason: str, o
                      {"overrides": sorted(override), "tool": tool})
         do_instance_action(inst, action, actor=actor, reason=reason)
 
-    # the one claim -> act -> settle path, shared with the pipeline (agent.claims.run_claimed); the
+    # the one claim -> act -> settle path, shared with the pipeline (agent.policy.claims.run_claimed); the
     # claim is the check: one INSERT decides between concurrent requests (in_flight)
     res = run_claimed(act, key=key, tool=tool, args=args, instance_ref=inst.external_id, actor="operator",
                       audit_actor=actor, reason=reason, done=lambda _: f"{action} sent")

@@ -13,14 +13,14 @@ from fleet.audit import do_audit
 @transaction.atomic
 def do_save_notification_settings(user, *, email: str, webhook_ref: str, kinds: list[str], actor: str):
     """Store ``user``'s notification settings: an email address (or empty), a webhook reference
-    (``env:NAME`` / ``file:/path``, or empty; never a URL: ``agent.notifications.check_webhook_ref``)
-    and the kinds wanted (``agent.notifications.KINDS``). Raises ValueError naming the field.
+    (``env:NAME`` / ``file:/path``, or empty; never a URL: ``agent.notify.notifications.check_webhook_ref``)
+    and the kinds wanted (``agent.notify.notifications.KINDS``). Raises ValueError naming the field.
     Audited as ``notification_settings`` (the reference's name only). Returns the settings row."""
     from django.core.exceptions import ValidationError
     from django.core.validators import validate_email
 
     from agent.models import NotificationSettings
-    from agent.notifications import KINDS, check_webhook_ref
+    from agent.notify.notifications import KINDS, check_webhook_ref
 
     email = check_text("email", email, limit=254)
     if email:

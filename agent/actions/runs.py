@@ -4,6 +4,7 @@ Each ``do_*`` writes its audit row and announces change topics after commit (``a
 """
 
 
+from celery import current_app
 from django.db import transaction
 
 from agent.models import Run, SessionState, Step
@@ -73,7 +74,6 @@ def do_start_rehearsal(day: dict, name: str, actor: str, reason: str = "", chang
     ``start_rehearsal``; announces ``rehearsals-changed``. Returns the ``Rehearsal`` row of ``day``."""
     from agent.models import Rehearsal
     from agent.rehearse.day import parse_day
-    from agent.tasks import start_rehearsal
 
     parse_day(day, "the day to rehearse")
     if baseline is not None:
@@ -88,5 +88,6 @@ def do_start_rehearsal(day: dict, name: str, actor: str, reason: str = "", chang
     do_audit(actor, "start_rehearsal", f"rehearsal:{row.pk}", reason, None,
              {"name": row.name, "change": change or {}, "compare_to": row.compare_to_id})
     emit("rehearsals-changed")
-    start_rehearsal(row.pk)
+    # by name: agent.tasks (the top of agent) imports actions
+    transaction.on_commit(lambda: current_app.tasks["agent.tasks.rehearse"].delay(row.pk))
     return row

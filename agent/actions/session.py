@@ -6,8 +6,8 @@ Each ``do_*`` writes its audit row and announces change topics after commit (``a
 
 from django.db import transaction
 
-from agent.limits import MAX_TARGET_PROOFS_HR
 from agent.models import SessionState
+from agent.policy.limits import MAX_TARGET_PROOFS_HR
 from fleet.audit import do_audit
 from fleet.events import emit, trigger
 from fleet.numbers import NumberError, parse_number
@@ -41,14 +41,14 @@ def do_set_target(target: float, actor: str, reason: str = "") -> SessionState:
 def do_reset_session(actor: str, reason: str = "") -> SessionState:
     """Clear the conversation: a new epoch, so earlier runs and chat leave the model's context and
     the chat (they stay on the Runs pages), and the short-term buffer is flushed (important
-    messages promoted to long-term memory, ``agent.memory.flush_buffer``).
+    messages promoted to long-term memory, ``agent.memory.store.flush_buffer``).
 
     The anchor keeps the run-id sequence, the objectives, the target, the overrides and the fleet
     snapshot; long-term memory stays (run ids must not restart after a reset: docs/agent.md). The
     console asks first, server-side (``console.views.settings.reset_session``: a confirmation step
     that says what is kept and cleared, and works without JavaScript).
     """
-    from agent.memory import flush_buffer
+    from agent.memory.store import flush_buffer
 
     state = SessionState.objects.select_for_update().get(pk=SessionState.get().pk)
     before = state.epoch

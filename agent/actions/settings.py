@@ -1,5 +1,5 @@
 """The settings page's writes: policy and limits overrides, validated against the one limits
-schema (``agent.limits.Limits``) before they are stored.
+schema (``agent.policy.limits.Limits``) before they are stored.
 
 Each ``do_*`` writes its audit row and announces change topics after commit (``agent.actions``).
 """
@@ -7,8 +7,8 @@ Each ``do_*`` writes its audit row and announces change topics after commit (``a
 
 from django.db import transaction
 
-from agent.limits import LIMIT_RANGES
 from agent.models import SessionState
+from agent.policy.limits import LIMIT_RANGES
 from fleet.audit import do_audit
 from fleet.events import emit
 from fleet.numbers import NumberError, parse_number, parse_number_list
@@ -27,7 +27,7 @@ class OverrideError(ValueError):
 
 def policy_keys() -> list[str]:
     """Every policy key an operator may set: the tools' defaults plus ``launch_instance:P0`` … ``:P3``."""
-    from agent.policy import DEFAULT_POLICY, PRIORITIES
+    from agent.policy.table import DEFAULT_POLICY, PRIORITIES
 
     keys = list(DEFAULT_POLICY)
     keys += [f"launch_instance:{p}" for p in PRIORITIES if f"launch_instance:{p}" not in DEFAULT_POLICY]
@@ -95,7 +95,7 @@ def validate_overrides(policy: dict | None, limits: dict | None) -> tuple[dict, 
 
 def baseline_settings(state: SessionState | None = None) -> tuple[dict, dict]:
     """The policy table and limits with no operator override (defaults < env < objectives)."""
-    from agent.policy import effective_limits, effective_policy
+    from agent.policy.table import effective_limits, effective_policy
 
     state = state or SessionState.get()
     bare = SessionState(target_proofs_hr=state.target_proofs_hr, objectives=state.objectives, overrides={})

@@ -1,8 +1,8 @@
 """The ``llm`` planner: a model behind any OpenAI-compatible chat-completions endpoint.
 
-Each turn: the prompt (``agent.prompt``: role, how it works, hard rules) and the session history
-(``agent.context.build_context``, within the token budget) go to the model with the tool schemas
-generated from the registry's pydantic argument models (``agent.tools.TOOLS``); the answer
+Each turn: the prompt (``agent.model.prompt``: role, how it works, hard rules) and the session history
+(``agent.memory.context.build_context``, within the token budget) go to the model with the tool schemas
+generated from the registry's pydantic argument models (``agent.runtime.tools.TOOLS``); the answer
 becomes one :class:`Turn`:
 
 - ``tool_calls`` → one call each, the argument string passed untouched as ``raw_arguments`` (the
@@ -14,12 +14,12 @@ becomes one :class:`Turn`:
 A tool call whose ``arguments`` string is empty or only whitespace (several servers send that for
 a tool without parameters) means ``{}``; the schema then decides.
 
-The context is budgeted within the model's window (:func:`agent.model_client.context_window`,
+The context is budgeted within the model's window (:func:`agent.model.model_client.context_window`,
 less ``max_tokens`` and the tool schemas); a 400 saying the prompt is too long shrinks the budget
 and asks again (twice at most; the smaller budget is kept for later runs of this process). Each
 request's timeout is bounded by what is left of the run's wall clock.
 
-When the model fails :data:`agent.model_client.STRIKES` times (429, 5xx, timeouts, failed answers
+When the model fails :data:`agent.model.model_client.STRIKES` times (429, 5xx, timeouts, failed answers
 such as a 200 carrying an ``error`` object), or fails permanently, the cycle falls back to the
 ``rules`` planner: a system step in the run says so and the one ``planner_fallback`` alert fires
 (its count grows with each fallback; it resolves when the model answers again). No call of a
@@ -28,15 +28,14 @@ failed answer is dispatched: a failed answer never becomes a turn.
 
 import logging
 
-from agent.model_client import ModelConfig, ModelError, chat, context_window, estimate, wire_schema
+from agent.chat.chat_answer import FALLBACK_NOTE
+from agent.model.model_client import ModelConfig, ModelError, chat, context_window, estimate, wire_schema
 from agent.planners.base import Planner, Proposal, Turn
 from fleet.clock import clock
 from fleet.secrets import SecretReferenceError, redact
 
 log = logging.getLogger(__name__)
 
-#: how the run's system step announcing a fallback begins (``agent.report`` repeats it)
-FALLBACK_NOTE = "Planner fallback"
 #: the one alert key of the condition "the model fails and the rules planner stands in"
 FALLBACK_KEY = "planner_fallback"
 #: context budgets learnt from a server's context-length answers, per (base URL, model)
@@ -49,7 +48,7 @@ WINDOW_MARGIN = 256
 
 def tool_schemas() -> list[dict]:
     """OpenAI ``tools`` entries for every public tool, from its pydantic argument model."""
-    from agent.tools import PUBLIC_TOOLS, TOOLS
+    from agent.runtime.tools import PUBLIC_TOOLS, TOOLS
 
     out = []
     for name in PUBLIC_TOOLS:
@@ -81,7 +80,7 @@ def turn_from_message(message: dict) -> Turn:
 
 def _remember_window(cfg: ModelConfig, window: int) -> None:
     """Keep the window a server's context-length answer named, for this process's later budgets."""
-    from agent import model_client
+    from agent.model import model_client
 
     if cfg.context_tokens <= 0:
         model_client._WINDOWS[(cfg.base_url, cfg.model)] = (window, "the server's context-length answer")
@@ -95,7 +94,7 @@ class LlmPlanner(Planner):
 
     def __init__(self, config: ModelConfig | None = None, *, on_delta=None):
         """``on_delta(kind, text)``, when given, makes each request stream and sees the answer as
-        it arrives (``agent.model_client.chat``): for the chat to show text and tool calls live."""
+        it arrives (``agent.model.model_client.chat``): for the chat to show text and tool calls live."""
         self.on_delta = on_delta
         self.config = config or ModelConfig.from_settings()
         if self.config is None:
@@ -108,11 +107,11 @@ class LlmPlanner(Planner):
 
     def budget(self) -> int:
         """Tokens the context may take: the model's window less ``max_tokens``, the tool schemas and
-        a margin, at most ``agent.context.DEFAULT_BUDGET_TOKENS``, at least 1,024; a budget learnt
+        a margin, at most ``agent.memory.context.DEFAULT_BUDGET_TOKENS``, at least 1,024; a budget learnt
         from a context-length answer is used when smaller."""
         import json
 
-        from agent.context import DEFAULT_BUDGET_TOKENS
+        from agent.memory.context import DEFAULT_BUDGET_TOKENS
 
         window = context_window(self.config)
         tools = estimate(json.dumps([wire_schema(t) for t in tool_schemas()]))
@@ -125,14 +124,14 @@ class LlmPlanner(Planner):
     def messages(self, ctx, budget: int | None = None) -> list[dict]:
         """System prompt (tiers, with facts recalled for the operator's message in the middle) plus the
         budgeted history of the session, within ``budget`` tokens (:meth:`budget` by default)."""
-        from agent.context import build_context
-        from agent.memory import recall_for_prompt
+        from agent.memory.context import build_context
+        from agent.memory.store import recall_for_prompt
+        from agent.model.prompt import system_prompt
         from agent.models import SessionState
-        from agent.prompt import system_prompt
 
         recalled = "\n".join(recall_for_prompt(ctx.message or "", limit=8))  # recalled memory: what the prompt adds to its fixed tiers
         system = system_prompt(ctx.world.summary(), objectives=SessionState.get().objectives, recalled=recalled)
-        from agent.model_digest import ModelSummarizer
+        from agent.memory.model_digest import ModelSummarizer
 
         # older history is folded into a running summary the model writes (extractive if it cannot)
         context = build_context(run=ctx.run, system=system, summarize=ModelSummarizer(self.config, ctx.run),
@@ -143,12 +142,12 @@ class LlmPlanner(Planner):
 
     def _new_tokens(self, messages: list[dict], factor: float) -> int | None:
         """Estimated tokens of ``messages`` not sent in this planner's previous request (``None``
-        for the first request: all of it is new). What ``token_budget`` counts (agent.breakers)."""
+        for the first request: all of it is new). What ``token_budget`` counts (agent.runtime.breakers)."""
         import hashlib
         import json
         import math
 
-        from agent.context import message_tokens
+        from agent.memory.context import message_tokens
 
         prints = [hashlib.sha256(json.dumps(m, sort_keys=True, default=str).encode()).hexdigest() for m in messages]
         before, self._sent = self._sent, set(prints)
@@ -161,7 +160,7 @@ class LlmPlanner(Planner):
         if self.fallback is not None:
             return self._rules_turn(ctx)
         begin, flush = getattr(self.on_delta, "begin_turn", None), getattr(self.on_delta, "flush", None)
-        if begin is not None:  # a ChatStream (agent.chat_stream): frames name the turn
+        if begin is not None:  # a ChatStream (agent.chat.chat_stream): frames name the turn
             begin(ctx.turn_index)
         try:
             reply = self._ask(ctx)
@@ -178,7 +177,7 @@ class LlmPlanner(Planner):
         turn.tokens_in, turn.tokens_out = reply.tokens_in, reply.tokens_out
         turn.tokens_fresh = self._fresh
         if self._estimated > 0 and reply.tokens_in > 0 and reply.usage_reported:  # learn from the API's usage
-            from agent.context import calibrate
+            from agent.memory.context import calibrate
 
             calibrate(self._estimated, reply.tokens_in)
         if not reply.usage_reported:  # the client estimated both counts (ModelCall.tokens_estimated)
@@ -199,7 +198,7 @@ class LlmPlanner(Planner):
             left = ctx.limits.wall_clock_s - (clock.monotonic() - ctx.breakers.started)
             try:
                 messages = self.messages(ctx, budget)
-            except ValueError as exc:  # the system prompt alone does not fit (agent.context.assemble)
+            except ValueError as exc:  # the system prompt alone does not fit (agent.memory.context.assemble)
                 raise ModelError(f"the context does not fit the model's window: {exc}", kind="permanent") from None
             try:
                 return chat(self.config, messages, tool_schemas(), run=ctx.run, on_delta=self.on_delta, time_left_s=left)

@@ -27,12 +27,12 @@ It proposes; the guards, policy and approvals still decide (nothing here bypasse
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from agent.capacity import SIZING_SLACK, draining, per_worker_rate  # noqa: F401 (re-exported)
-from agent.guards import idle_refusal
-from agent.lifecycle import recent_rejection
-from agent.pipeline import MAX_BATCH_CALLS
 from agent.planners.base import Planner, Proposal, Turn
-from agent.policy import is_forbidden
+from agent.policy.capacity import SIZING_SLACK, draining, per_worker_rate  # noqa: F401 (re-exported)
+from agent.policy.guards import idle_refusal
+from agent.policy.lifecycle import recent_rejection
+from agent.policy.table import is_forbidden
+from agent.policy.tool_specs import MAX_BATCH_CALLS
 from fleet.clock import clock
 from fleet.lifecycle import eligibility, from_machine
 
@@ -40,10 +40,10 @@ from fleet.lifecycle import eligibility, from_machine
 @dataclass
 class Sizing:
     """The ``rules`` planner's sizing on one world: ``desired`` workers, the ``active`` instances
-    counted as capacity (live or starting: :func:`agent.capacity.capacity`), the ``dead`` ones
+    counted as capacity (live or starting: :func:`agent.policy.capacity.capacity`), the ``dead`` ones
     (running, worker dead: not capacity), the ``terminal`` ones to replace, stopped ones to
     ``resume`` and the number of ``launches`` still missing, at ``priority`` (the facts priority,
-    :func:`agent.capacity.facts_priority`). ``need`` is :func:`agent.capacity.need_for`'s."""
+    :func:`agent.policy.capacity.facts_priority`). ``need`` is :func:`agent.policy.capacity.need_for`'s."""
 
     desired: int
     active: list
@@ -59,12 +59,12 @@ class Sizing:
 
 
 def sizing(world) -> Sizing:
-    """Rule 1 on ``world``, from the one count of capacity and need (:func:`agent.capacity.need_for`:
+    """Rule 1 on ``world``, from the one count of capacity and need (:func:`agent.policy.capacity.need_for`:
     ``min(cap, work, max(1, ceil(target / per-worker rate)))`` workers minus those live or
     starting). Stopped instances we stopped are resumed before anything is rented; terminal ones
     (not owned hosts, not being destroyed) are listed for replacement. The pipeline counts
     launches and resumes with the same function, not a copy."""
-    from agent.capacity import facts_priority, need_for
+    from agent.policy.capacity import facts_priority, need_for
 
     # destroyable (fleet.lifecycle.eligibility: not gone, not an owned host) and terminal; one
     # already being destroyed is the monitor's (destroy_unconfirmed)
@@ -156,7 +156,7 @@ class RulesPlanner(Planner):
 
     @staticmethod
     def _idle(world) -> bool:
-        """Rule 4's conditions, the guards' own (:func:`agent.guards.idle_refusal`): demand ok with
+        """Rule 4's conditions, the guards' own (:func:`agent.policy.guards.idle_refusal`): demand ok with
         every count known, nothing queued, in the backlog or running, no expected worker dead, the
         queue empty past the dwell and no launch within the hold-off."""
         return idle_refusal(world) is None
@@ -319,14 +319,14 @@ class RulesPlanner(Planner):
 
     def chat_answer(self, ctx) -> str:
         """The answer to a ``chat`` run that parks or halts before its final turn (no verdict):
-        the observed state in words (:func:`agent.chat_answer.state_answer`)."""
-        from agent.chat_answer import state_answer
+        the observed state in words (:func:`agent.chat.chat_answer.state_answer`)."""
+        from agent.chat.chat_answer import state_answer
 
         return state_answer(ctx)
 
     def final_turn(self, ctx) -> Turn:
         """The run's answer with its verdict. A ``chat`` run gets the no-model answer from the
-        observed state (:func:`agent.chat_answer.state_answer`); other runs a one-line summary."""
+        observed state (:func:`agent.chat.chat_answer.state_answer`); other runs a one-line summary."""
         done = [s for s in ctx.call_steps() if s.outcome in ("executed", "approved_executed")]
         d = ctx.world.observed  # report the numbers the run's observation holds (entailment)
         side = [s for s in done if s.tool in ("launch_instance", "stop_instance", "destroy_instance", "reboot_instance", "resume_instance")]
@@ -341,14 +341,14 @@ class RulesPlanner(Planner):
         else:
             parts.append("No fleet change needed." if not ctx.call_steps() else "No fleet change made.")
         if ctx.run.trigger == "chat":
-            from agent.chat_answer import state_answer
+            from agent.chat.chat_answer import state_answer
 
             return Turn(text=state_answer(ctx) + "\n" + _verdict(bool(side), bool(side)))
         return Turn(text=" ".join(parts) + " " + _verdict(bool(side), bool(side)))
 
 
 def _within_one_batch(calls: list[Proposal]) -> list[Proposal]:
-    """At most :data:`agent.pipeline.MAX_BATCH_CALLS` calls, the launches cut first: a batch larger
+    """At most :data:`agent.policy.tool_specs.MAX_BATCH_CALLS` calls, the launches cut first: a batch larger
     than that is refused whole (``batch_too_large``), so a need of 400 new workers proposed at once
     launched none. The launches left out are proposed again by the next cycle's sizing, which
     counts the ones this batch started."""

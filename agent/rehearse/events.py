@@ -1,4 +1,4 @@
-"""Trigger events on the virtual clock: the store ``agent.triggers`` uses during a rehearsal.
+"""Trigger events on the virtual clock: the store ``agent.runtime.triggers`` uses during a rehearsal.
 
 Production keeps trigger state in Redis (a Lua script per event) and starts runs with Celery;
 a rehearsal runs in one process on virtual time, so :class:`VirtualTriggers` keeps the same
@@ -17,7 +17,7 @@ from fleet.clock import clock
 
 
 class VirtualTriggers:
-    """Trigger state for ``agent.triggers.set_store``; ``due`` holds the times runs are due."""
+    """Trigger state for ``agent.runtime.triggers.set_store``; ``due`` holds the times runs are due."""
 
     def __init__(self):
         self.events: list[dict] = []

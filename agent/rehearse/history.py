@@ -292,12 +292,12 @@ def _target_at(start, end, now_target: float) -> float:
 
 
 def objectives_and_policy(state=None) -> tuple[dict, dict]:
-    """The limits and the policy table in force (``agent.policy``), as a day file's ``objectives`` and
+    """The limits and the policy table in force (``agent.policy.table``), as a day file's ``objectives`` and
     ``policy`` take them (the replay file's keys, docs/replay.md)."""
     from agent.actions.settings import policy_keys
-    from agent.limits import Limits
     from agent.models import SessionState
-    from agent.policy import effective_limits, effective_policy
+    from agent.policy.limits import Limits
+    from agent.policy.table import effective_limits, effective_policy
 
     state = state or SessionState.get()
     limits = effective_limits(state).model_dump()

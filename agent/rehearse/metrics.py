@@ -121,7 +121,7 @@ def flaps(world, hold_off_min: float) -> int:
 def measure(reh) -> dict:
     """The result of the played rehearsal ``reh`` (see the module docstring)."""
     from agent.models import Approval, ModelCall, Run, Step
-    from agent.policy import effective_limits
+    from agent.policy.table import effective_limits
 
     day, w = reh.day, reh.world
     horizon = reh.horizon

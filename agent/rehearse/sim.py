@@ -4,18 +4,18 @@
 (a throwaway one: the test database, or the scratch SQLite files ``manage.py rehearse`` makes)
 plays it on the virtual clock:
 
-- ``agent.loop.run_cycle`` every ``heartbeat_s`` (a heartbeat run, taking waiting events) and
-  whenever a trigger event asks for a run (``agent.triggers`` with :class:`VirtualTriggers` as its
+- ``agent.runtime.loop.run_cycle`` every ``heartbeat_s`` (a heartbeat run, taking waiting events) and
+  whenever a trigger event asks for a run (``agent.runtime.triggers`` with :class:`VirtualTriggers` as its
   store: the production windows, on virtual time);
-- ``agent.monitor_runner.monitor_tick`` every 60 s (the beat's monitor);
+- ``agent.runtime.monitor_runner.monitor_tick`` every 60 s (the beat's monitor);
 - every approval the product parks is answered by the day's operator model at the time the model
-  says (:class:`Operator`), through ``agent.approvals.do_decide`` and ``agent.loop.resume_run``
+  says (:class:`Operator`), through ``agent.runtime.approvals.do_decide`` and ``agent.runtime.loop.resume_run``
   — or left to expire;
 - the market and the work move between those moments (``agent.rehearse.world.DayWorld``), and the
   provider and demand source the product reads are the world's (the ``scenario`` ones, extended).
 
 After every cycle the run's records are checked for unsafe decisions (``agent.rehearse.unsafe``:
-the product's ``agent.invariants`` and the world's truth at each retirement).
+the product's ``agent.policy.invariants`` and the world's truth at each retirement).
 Returns the outcome in the shape ``agent.models.Rehearsal.result`` documents.
 """
 
@@ -79,7 +79,7 @@ def make_planner(day: Day):
         return RulesPlanner()
     from django.conf import settings
 
-    from agent.model_client import ModelConfig
+    from agent.model.model_client import ModelConfig
     from agent.planners.llm import LlmPlanner
 
     m = settings.MODEL
@@ -97,7 +97,7 @@ def isolated_day(day: Day):
     product-default policy (``WARDEN_UNATTENDED`` ignored). Yields ``(world, triggers store)``."""
     from django.conf import settings
 
-    from agent import triggers
+    from agent.runtime import triggers
     from fleet import demand as demand_mod
     from fleet import providers as providers_mod
     from fleet.clock import VirtualClock, use_clock
@@ -191,14 +191,14 @@ class Rehearsal:
 
     # --- the product's entry points ------------------------------------------------------------
     def heartbeat(self) -> None:
-        from agent.loop import run_cycle
+        from agent.runtime.loop import run_cycle
 
         planner = self.planner_factory()
         run = run_cycle("heartbeat", planner=planner, events="take")
         self.after(run, planner)
 
     def event_run(self) -> None:
-        from agent.loop import run_cycle
+        from agent.runtime.loop import run_cycle
 
         planner = self.planner_factory()
         run = run_cycle("event", planner=planner, events="need")
@@ -206,15 +206,15 @@ class Rehearsal:
 
     def monitor(self) -> None:
         from agent.models import Run
-        from agent.monitor_runner import monitor_tick
+        from agent.runtime.monitor_runner import monitor_tick
 
         number = monitor_tick()
         self.after(Run.objects.filter(number=number).first() if number else None, None)
 
     def decide(self, pk: int) -> None:
-        from agent.approvals import DecisionError, do_decide
-        from agent.loop import _settle_expired, expire_approvals, resume_run
         from agent.models import Approval
+        from agent.runtime.approvals import DecisionError, do_decide
+        from agent.runtime.loop import _settle_expired, expire_approvals, resume_run
 
         for parked in expire_approvals():  # what the next beat would settle first
             _settle_expired(parked)

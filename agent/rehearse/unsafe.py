@@ -2,9 +2,9 @@
 
 Each violation is ``{"invariant", "cycle", "run", "call", "detail"}``. Two nets:
 
-- the product's invariant checker, ``agent.invariants`` (the one the model scorecard uses too):
-  :func:`agent.invariants.check_run` after every run (each cycle, each resume), and
-  :func:`agent.invariants.check_all` once at the end for the cross-run invariants (one effect per
+- the product's invariant checker, ``agent.policy.invariants`` (the one the model scorecard uses too):
+  :func:`agent.policy.invariants.check_run` after every run (each cycle, each resume), and
+  :func:`agent.policy.invariants.check_all` once at the end for the cross-run invariants (one effect per
   idempotency key, one run at a time); it judges from the records what the runtime knew at the call;
 - the world's truth at the moment the provider received a stop or destroy (only a simulation can
   know it): ``world_owned_tasks`` — the worker was live and owned a task; ``world_scale_down`` —
@@ -43,8 +43,8 @@ class Checker:
 
     def after_run(self, run) -> list[dict]:
         """The violations found since the last check (the run's records and the world's log)."""
-        from agent.invariants import check_run
         from agent.models import Step
+        from agent.policy.invariants import check_run
 
         out: list[dict] = list(check_run(run))
         log = self.reh.world.retire_log
@@ -63,7 +63,7 @@ class Checker:
         return self._new(out)
 
     def final(self, runs) -> list[dict]:
-        """The whole day's check (``agent.invariants.check_all``): what no single run shows."""
-        from agent.invariants import check_all
+        """The whole day's check (``agent.policy.invariants.check_all``): what no single run shows."""
+        from agent.policy.invariants import check_all
 
         return self._new(check_all(runs))

@@ -346,7 +346,7 @@ class DayWorld:
         mach = self.machines.get(iid)
         inst = self.provider.instances.get(iid) or {}
         live = bool(mach and mach.worker_live_at is not None and not mach.worker_dead)
-        from agent.policy import effective_limits
+        from agent.policy.table import effective_limits
 
         limit_s = 60 * float(effective_limits().provisioning_limit_min)
         # starting: it will come up — not stuck, and not loading past the provisioning limit (the

@@ -7,7 +7,7 @@ the names callers use are re-exported here.
 :func:`run_scenario` sets up the world in the *current* database (the ``replay`` management
 command points that at a throwaway SQLite file first; tests use pytest's test database), routes
 ``get_provider()`` and the demand source to the file's fleet and demand, swaps in a virtual clock
-that starts at the file's ``now``, runs ``agent.loop.run_cycle`` (the entry point the Celery task
+that starts at the file's ``now``, runs ``agent.runtime.loop.run_cycle`` (the entry point the Celery task
 calls), answers parked approvals as the file's ``operator`` says and resumes, then plays each
 ``timeline`` moment (clock, demand, fleet, objectives, operator decisions dispatched at once, a
 heartbeat cycle unless ``run`` is ``none``) — :class:`Replay`. The report is built from the Run,

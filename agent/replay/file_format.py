@@ -12,7 +12,7 @@ path such as ``fleet[3].dph``) and the problem; never a traceback, never a guess
 - unknown keys are errors; no string or boolean is coerced to a number (``"0.45"``, ``true``);
 - ranges: ``now`` in the years 2000–2100; minutes and ages finite and at most
   :data:`MAX_MINUTES`; counts at most :data:`MAX_COUNT`; at most :data:`MAX_FLEET` fleet entries
-  and :data:`agent.pipeline.MAX_BATCH_CALLS` calls in a ``parallel`` step;
+  and :data:`agent.policy.tool_specs.MAX_BATCH_CALLS` calls in a ``parallel`` step;
 - ``now`` carries a time zone; ids (fleet, offers, history, timeline) hold no control characters;
 - a step is one kind of turn (``text`` beside a call is refused, as ``args`` beside
   ``raw_arguments``); ``history`` names only instances of ``fleet``;
@@ -46,8 +46,8 @@ from pydantic import (
     model_validator,
 )
 
-from agent.limits import LIMIT_RANGES, MAX_LIFECYCLE_MIN, MAX_TARGET_PROOFS_HR, Limits
-from agent.pipeline import MAX_BATCH_CALLS
+from agent.policy.limits import LIMIT_RANGES, MAX_LIFECYCLE_MIN, MAX_TARGET_PROOFS_HR, Limits
+from agent.policy.tool_specs import MAX_BATCH_CALLS
 from fleet.numbers import NumberError, parse_number
 
 MAX_FILE_BYTES = 32 * 1024 * 1024
@@ -110,7 +110,7 @@ def _unknown(what: str, value: str, known, why: str) -> ValueError:
 
 
 def _known_tool(tool: str, why: str = "a typo here would make the expectation always hold") -> str:
-    from agent.tools import PUBLIC_TOOLS
+    from agent.runtime.tools import PUBLIC_TOOLS
 
     if tool not in PUBLIC_TOOLS:
         raise _unknown("tool", tool, PUBLIC_TOOLS, why)
@@ -277,7 +277,7 @@ class HistoryEntry(_Strict):
 
     @model_validator(mode="after")
     def _names_its_instance(self):
-        from agent.tools import TOOLS
+        from agent.runtime.tools import TOOLS
 
         if self.instance is None and TOOLS[self.tool].instance_arg:
             raise FieldProblem("instance", f"{self.tool} acts on one instance; name it (an id of fleet)")
@@ -567,8 +567,8 @@ class ExpectSpec(_Strict):
 def check_objectives(v: dict) -> dict:
     """Objectives as a file (or a timeline moment) sets them; raises ``ValueError`` naming the key.
 
-    Every key a limit of the one schema (``agent.limits.Limits``); numbers only (no strings, no
-    booleans), finite, in the settings page's ranges (``agent.limits.LIMIT_RANGES``: the lifecycle
+    Every key a limit of the one schema (``agent.policy.limits.Limits``); numbers only (no strings, no
+    booleans), finite, in the settings page's ranges (``agent.policy.limits.LIMIT_RANGES``: the lifecycle
     numbers ``offline_grace_min`` … at most 10^6 minutes); ``target_proofs_hr`` at most
     ``MAX_TARGET_PROOFS_HR`` (10^6, the operator's cap).
     """
@@ -664,8 +664,8 @@ class Scenario(_Strict):
     @field_validator("policy")
     @classmethod
     def _policy_keys(cls, v: dict) -> dict:
-        from agent.policy import PRIORITIES
-        from agent.tools import PUBLIC_TOOLS
+        from agent.policy.table import PRIORITIES
+        from agent.runtime.tools import PUBLIC_TOOLS
 
         for key in v:
             tool, _, qual = key.partition(":")

@@ -98,7 +98,7 @@ def build_report(runs, *, name: str = "", cycle_marks: list[tuple[int, int]] = (
             "_parked": approval is not None,
         }
         facts = s.facts or {}
-        if facts.get("priority"):  # the runtime's facts a launch was scored on (agent.capacity)
+        if facts.get("priority"):  # the runtime's facts a launch was scored on (agent.policy.capacity)
             call["priority"] = {"proposed": facts["priority"].get("proposed"), "facts": facts["priority"].get("facts")}
         if facts.get("need"):
             call["need"] = {"workers": facts["need"].get("workers"), "capacity": facts["need"].get("capacity")}

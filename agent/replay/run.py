@@ -37,13 +37,13 @@ REPLAY_MODEL_TIMEOUT_S = 1.0
 
 
 def llm_planner(responses: list):
-    """An ``LlmPlanner`` pointed at a fresh :class:`agent.model_standin.StandIn` playing
+    """An ``LlmPlanner`` pointed at a fresh :class:`agent.model.model_standin.StandIn` playing
     ``responses`` — the console's code path, the HTTP wire format included. The stand-in is the
     planner's ``standin`` attribute; :func:`run_scenario` stops it."""
     from django.conf import settings
 
-    from agent.model_client import ModelConfig
-    from agent.model_standin import StandIn
+    from agent.model.model_client import ModelConfig
+    from agent.model.model_standin import StandIn
     from agent.planners.llm import LlmPlanner
 
     standin = StandIn(responses).start()
@@ -118,7 +118,7 @@ class Replay:
 
     def heartbeat(self, cycle: int) -> None:
         """One observe cycle (observe, monitor, planner), then the top-level operator's answers."""
-        from agent.loop import run_cycle
+        from agent.runtime.loop import run_cycle
 
         planner = self.planner_for(cycle)
         run = run_cycle("replay", planner=planner)
@@ -137,8 +137,8 @@ class Replay:
 
     def answer_top_level(self) -> None:
         """Answer approvals parked in this cycle as the file's top-level ``operator`` says, resume."""
-        from agent.approvals import do_decide
         from agent.models import Approval
+        from agent.runtime.approvals import do_decide
 
         for _ in range(100):
             waiting = [
@@ -160,7 +160,7 @@ class Replay:
             self.resume(decided.values())
 
     def resume(self, runs) -> None:
-        from agent.loop import resume_run
+        from agent.runtime.loop import resume_run
 
         for run in runs:
             run.refresh_from_db()
@@ -169,8 +169,8 @@ class Replay:
 
     def moment(self, n: int, m: Moment) -> None:
         """Timeline moment ``n`` (cycle ``n + 1``): clock, demand, fleet, objectives, decisions, cycle."""
-        from agent.loop import _settle_expired, expire_approvals
         from agent.models import SessionState
+        from agent.runtime.loop import _settle_expired, expire_approvals
 
         world = self.provider.world
         world.move_to(self.sc.now + timedelta(minutes=m.at_min))
@@ -197,7 +197,7 @@ class Replay:
         one that fits several waiting calls with different arguments (give ``args`` keys).
         """
         from agent.models import Approval
-        from agent.tools import canonical_json
+        from agent.runtime.tools import canonical_json
 
         resume: dict[int, object] = {}
         for k, d in enumerate(m.operator.decisions):
@@ -220,7 +220,7 @@ class Replay:
         """Answer each of ``approvals`` with decision ``d`` (a timeline moment's, as the replay
         operator); the runs of those decided are added to ``resume`` (run pk → run). An approval
         that can no longer be decided (``DecisionError``: expired or voided meanwhile) is skipped."""
-        from agent.approvals import DecisionError, do_decide
+        from agent.runtime.approvals import DecisionError, do_decide
 
         for a in approvals:
             self.seen.add(a.pk)

@@ -107,7 +107,7 @@ def file_policy(policy: dict) -> dict:
     priority key of that tool the file does not name (``launch_instance: approval`` also covers
     ``:P0``). ``TOOL:monitor`` keys are left alone: the monitor keeps its own default unless the
     file names that key (``forbidden`` on ``TOOL`` binds it anyway, in the pipeline)."""
-    from agent.policy import DEFAULT_POLICY
+    from agent.policy.table import DEFAULT_POLICY
 
     out = dict(policy)
     for key in DEFAULT_POLICY:

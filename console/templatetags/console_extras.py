@@ -112,7 +112,7 @@ def join_list(value) -> str:
 @register.filter
 def without_verdict(text: str) -> str:
     """The planner's answer without its machine-readable ``<verdict>{…}</verdict>`` block."""
-    from agent.planners.base import without_verdicts
+    from agent.chat.verdicts import without_verdicts
 
     return without_verdicts(text, sep=" ", strip=True).strip()
 

@@ -3,7 +3,7 @@
 ``{{ a|call_sentence }}`` on anything with ``tool`` and ``args`` (an ``Approval``, a ``Step``):
 "Launch an RTX 4090 (offer o-3)", "Destroy local-1". ``{{ a|done_sentence }}`` on an approval
 whose call executed: "launched local-3", from the step's observation (the tool's own answer, as
-``agent.tools`` returns it). The JSON stays available behind a disclosure in the templates.
+``agent.runtime.tools`` returns it). The JSON stays available behind a disclosure in the templates.
 """
 
 import json

@@ -12,8 +12,8 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 from django_htmx.http import trigger_client_event
 
-from agent.approvals import DecisionError, do_decide, note_resume_not_queued
 from agent.models import Approval
+from agent.runtime.approvals import DecisionError, do_decide, note_resume_not_queued
 from console.forms import (
     DecisionForm,
 )
@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 # --- approvals inbox ---------------------------------------------------------------------------
 APPROVALS_RECENT = 30
 #: what an operator is told when a decision is stored but its resume could not be queued
-#: (``agent.sweep``: the monitor's beat task dispatches it once the broker is back)
+#: (``agent.runtime.sweep``: the monitor's beat task dispatches it once the broker is back)
 SWEEP_PROMISE = ("The monitor's sweep dispatches it within a minute of the broker being back, "
                  "and an approval_stalled alert will say what became of it.")
 
@@ -67,7 +67,7 @@ def approvals_context(recent: int = APPROVALS_RECENT) -> dict:
 
 def attach_situation_now(approvals: list) -> None:
     """Set ``a.now`` on each approval: the situation now, in the shape of ``a.situation`` (the one
-    when it was parked, ``agent.pipeline.situation``), so a card shows then and now side by side
+    when it was parked, ``agent.runtime.pipeline.situation``), so a card shows then and now side by side
     (docs/console.md). Two queries whatever the number of approvals."""
     if not approvals:
         return
@@ -110,7 +110,7 @@ def approvals_page(request: HtmxHttpRequest) -> HttpResponse:
 
 def beyond_the_need(approval: Approval) -> bool:
     """Whether ``approval`` parked a launch or resume beyond the need (``situation["need"]["within"]``
-    false, written at parking by ``agent.pipeline.park``): never decided by a bulk approval."""
+    false, written at parking by ``agent.runtime.pipeline.park``): never decided by a bulk approval."""
     return ((approval.situation or {}).get("need") or {}).get("within") is False
 
 

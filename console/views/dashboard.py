@@ -16,8 +16,8 @@ from django_htmx.http import trigger_client_event
 
 from agent.actions.runs import do_post_message
 from agent.actions.session import do_set_target
+from agent.chat.verdicts import without_verdicts
 from agent.models import Run, SessionState, Step
-from agent.planners.base import without_verdicts
 from console.forms import (
     EnqueueForm,
     MessageForm,
@@ -63,7 +63,7 @@ def demand_context() -> dict:
     if state == "ok" and age_s > limit:
         running = Run.objects.filter(status="running").values_list("started_at", flat=True).first()
         if running is not None and sample.taken_at >= running:
-            from agent.policy import effective_limits
+            from agent.policy.table import effective_limits
 
             limit += effective_limits().wall_clock_s
     if state == "ok" and age_s > limit:
@@ -123,7 +123,7 @@ def cards_context() -> dict:
 
 def _next_due(sample):
     """When the first SDR sector not due yet becomes due (aware datetime), from the sample's
-    ``detail["backlog_next_due_at"]`` (``agent.observe.backlog_view``); None when none waits."""
+    ``detail["backlog_next_due_at"]`` (``agent.runtime.observe.backlog_view``); None when none waits."""
     from datetime import datetime
 
     raw = ((sample.detail or {}) if sample is not None else {}).get("backlog_next_due_at")
@@ -135,8 +135,8 @@ def _next_due(sample):
 
 def retire_budget_context(sample):
     """The scale-down budget's state for the dashboard ("2 of 2 retirements left in this window"),
-    from the records (``agent.capacity.recorded_world``), or None when demand was never read."""
-    from agent.capacity import retire_budget
+    from the records (``agent.policy.capacity.recorded_world``), or None when demand was never read."""
+    from agent.policy.capacity import retire_budget
 
     if sample is None:
         return None
@@ -451,10 +451,10 @@ def demo_kill(request: HtmxHttpRequest) -> HttpResponse:
 def recorded_world(sample=None):
     """A world from the records alone, for pages that must not read the provider or the demand
     source: the instances not killed and the newest ``DemandSample`` (``sample``), whose totals
-    stand in for per-worker views (``agent.capacity.capacity`` counts running instances live up to its
-    ``workers_live``). Returns an ``agent.observe.World``."""
-    from agent.observe import World
-    from agent.policy import effective_limits, effective_policy
+    stand in for per-worker views (``agent.policy.capacity.capacity`` counts running instances live up to its
+    ``workers_live``). Returns an ``agent.runtime.observe.World``."""
+    from agent.policy.table import effective_limits, effective_policy
+    from agent.runtime.observe import World
     from fleet.demand.base import DemandReading
     from fleet.models import DemandSample, Instance
 

@@ -14,7 +14,7 @@ from django.views.decorators.http import require_GET
 from django_htmx.http import trigger_client_event
 
 from agent.actions.instances import ActionRefused, do_cordon, do_operator_instance_action
-from agent.claims import EffectNotRecorded
+from agent.policy.claims import EffectNotRecorded
 from console.forms import (
     InstanceActionForm,
 )
@@ -57,7 +57,7 @@ def _instance(external_id: str) -> Instance:
 def instance_context(inst: Instance) -> dict:
     """One instance: its diagnoses, its events (audit rows targeting it) and its alerts, and how
     long a diagnosis stays fresh for stop and destroy (``diagnosis_fresh_min``, minutes)."""
-    from agent.policy import effective_limits
+    from agent.policy.table import effective_limits
 
     return {
         "inst": inst,
@@ -188,11 +188,11 @@ def instance_action(request: HtmxHttpRequest, external_id: str) -> HttpResponse:
 
 @operator_required
 def diagnose_now(request: HtmxHttpRequest, external_id: str) -> HttpResponse:
-    """"Diagnose now" (POST): diagnose the instance at once (``agent.diagnosis.do_diagnose``: the
+    """"Diagnose now" (POST): diagnose the instance at once (``agent.runtime.diagnosis.do_diagnose``: the
     SSH collector and the configured judge, audited). htmx gets the instance region back with the
     new diagnosis on top; a browser a redirect to the instance page with the verdict as a message.
     A killed instance answers 409 with why."""
-    from agent.diagnosis import do_diagnose
+    from agent.runtime.diagnosis import do_diagnose
 
     inst = _instance(external_id)
     try:

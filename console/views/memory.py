@@ -2,7 +2,7 @@
 
 Everyone signed in sees the facts, filtered by ``?category=`` and ``?q=`` (text in key or value);
 operators edit a fact's value, importance and kind, or delete it — each an audited ``do_*`` action
-of ``agent.memory``. htmx GETs and POSTs get the table partial (the same view renders both).
+of ``agent.memory.store``. htmx GETs and POSTs get the table partial (the same view renders both).
 """
 
 from django import forms
@@ -12,7 +12,7 @@ from django.db.models import Q
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 
-from agent import memory
+from agent.memory import store as memory
 from agent.models import MemoryFact
 from console.forms import CAPS, too_long
 from console.views.common import _page_context, actor_of, operator_required
@@ -61,7 +61,7 @@ def _answer(request, error: str = "", error_pk=None, status: int = 200, ok: str 
     if request.htmx:
         # no client event here: the region re-fetches on "memory-changed", so an event on every
         # answer (its own GETs too) made it fetch itself again, without end. A change is pushed
-        # over the websocket by ``agent.memory`` after commit, which reaches every open tab.
+        # over the websocket by ``agent.memory.store`` after commit, which reaches every open tab.
         return render(request, "console/partials/memory.html", ctx, status=status)
     if status == 200 and request.method == "POST":
         messages.success(request, ok)
@@ -80,7 +80,7 @@ def memory_page(request) -> HttpResponse:
 
 @operator_required
 def edit_fact(request, pk: int) -> HttpResponse:
-    """Change one fact (``agent.memory.do_update_fact``). Bad input: 400 with the error by the row."""
+    """Change one fact (``agent.memory.store.do_update_fact``). Bad input: 400 with the error by the row."""
     fact = get_object_or_404(MemoryFact, pk=pk)
     form = FactForm(request.POST)
     if not form.is_valid():
@@ -102,7 +102,7 @@ def edit_fact(request, pk: int) -> HttpResponse:
 
 @operator_required
 def delete_fact(request, pk: int) -> HttpResponse:
-    """Delete one fact (``agent.memory.do_delete_fact``); the audit row keeps what it said."""
+    """Delete one fact (``agent.memory.store.do_delete_fact``); the audit row keeps what it said."""
     fact = get_object_or_404(MemoryFact, pk=pk)
     reason = (request.POST.get("reason") or "").strip()[: CAPS["reason"]]
     memory.do_delete_fact(fact, actor=actor_of(request), reason=reason)

@@ -14,7 +14,7 @@ from django.shortcuts import render
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
-from agent.policy import effective_limits
+from agent.policy.table import effective_limits
 from console.views.common import HtmxHttpRequest, _is_region, _page_context
 from fleet.clock import clock
 from fleet.cost import Spend, fleet_dph, instance_dph, spend_by_instance

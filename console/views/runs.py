@@ -11,8 +11,8 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
 from agent.models import Run, Step
-from agent.report import flagged_claims
-from agent.tool_specs import TOOLS
+from agent.policy.tool_specs import TOOLS
+from agent.runtime.report import flagged_claims
 from console.templatetags.sentences import observed
 from console.views.common import HtmxHttpRequest, _is_region, _page_context, page_number
 from fleet.clock import clock
@@ -21,7 +21,7 @@ from fleet.clock import clock
 RUNS_ON_PAGE = 50
 
 RUN_STATUSES = ("running", "parked", "done", "halted", "failed", "queued", "cancelled")
-#: tools whose execution changes the world (``agent.tool_specs``: ``side_effect``)
+#: tools whose execution changes the world (``agent.policy.tool_specs``: ``side_effect``)
 SIDE_EFFECT_TOOLS = sorted(name for name, t in TOOLS.items() if t.side_effect)
 #: step outcomes that mean the call ran (directly, or after an operator's approval)
 EXECUTED = ("executed", "approved_executed")
@@ -128,7 +128,7 @@ def runs_page(request: HtmxHttpRequest) -> HttpResponse:
     ctx = _page_context(request, runs_list=True, **runs_context(page=page, **filters))
     if _is_region(request):
         return render(request, "console/partials/runs.html", ctx)
-    from agent.evaluation import standing
+    from agent.replay.evaluation import standing
 
     ctx["model_standing"] = standing()
     return render(request, "console/runs.html", ctx)
@@ -171,10 +171,10 @@ def run_detail(request: HtmxHttpRequest, number: int) -> HttpResponse:
 @require_GET
 @never_cache
 def export_scenario(request: HtmxHttpRequest, number: int) -> HttpResponse:
-    """"Export as scenario": the run's situation as a replay file (``agent.scenario_export``),
+    """"Export as scenario": the run's situation as a replay file (``agent.replay.scenario_export``),
     downloaded as ``run-N-scenario.json`` for ``manage.py replay``. A run that cannot be exported:
     409 with the reason."""
-    from agent.scenario_export import ScenarioExportError, export_run
+    from agent.replay.scenario_export import ScenarioExportError, export_run
 
     run = Run.objects.filter(number=number).first()
     if run is None:

@@ -11,9 +11,9 @@ from django_htmx.http import trigger_client_event
 
 from agent.actions.session import do_reset_session, do_set_observe_only
 from agent.actions.settings import OverrideError, baseline_settings, do_update_overrides, policy_keys
-from agent.limits import LIMIT_RANGES
 from agent.models import SessionState
-from agent.policy import effective_limits, effective_policy, unattended
+from agent.policy.limits import LIMIT_RANGES
+from agent.policy.table import effective_limits, effective_policy, unattended
 from console.forms import (
     ObserveOnlyForm,
     ResetForm,
@@ -168,8 +168,8 @@ def _settings_form(state: SessionState, data=None) -> SettingsForm:
     return SettingsForm(data, policy=policy, limits={k: limits.get(k) for k in LIMIT_RANGES}, inherit_keys=inherit)
 
 
-#: each limit in one line, with its unit (the runtime's meaning: ``agent.breakers``, ``agent.guards``,
-#: ``agent.lifecycle``, ``fleet.monitor``); shown beside the identifier on the Settings page
+#: each limit in one line, with its unit (the runtime's meaning: ``agent.runtime.breakers``, ``agent.policy.guards``,
+#: ``agent.policy.lifecycle``, ``fleet.monitor``); shown beside the identifier on the Settings page
 LIMIT_HELP = {
     "max_steps": "planner turns one run may take before it halts (turns)",
     "same_error": "halt when this many errors in a row are the same error (errors)",
@@ -262,7 +262,7 @@ def settings_page(request: HtmxHttpRequest) -> HttpResponse:
             status = 400
     else:
         form = _settings_form(state)
-    from agent.evaluation import standing
+    from agent.replay.evaluation import standing
 
     ctx = _page_context(request, saved=saved, model_standing=standing(), **settings_context(state, form))
     if settings.WARDEN["PROVIDER"] == "vastai":

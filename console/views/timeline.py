@@ -1,5 +1,5 @@
 """An instance's timeline: launches, diagnoses, actions, the agent's calls, alerts and proof rates
-on one line of time (``agent.timeline``). A section of the instance page, loaded as a partial;
+on one line of time (``agent.runtime.timeline``). A section of the instance page, loaded as a partial;
 ``?kind=`` (repeatable) narrows it to some kinds."""
 
 from django.contrib.auth.decorators import login_required
@@ -8,7 +8,7 @@ from django.shortcuts import render
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
-from agent.timeline import KINDS, instance_timeline
+from agent.runtime.timeline import KINDS, instance_timeline
 from console.views.common import HtmxHttpRequest, _is_region, _page_context
 from console.views.instances import _instance
 

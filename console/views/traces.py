@@ -1,10 +1,10 @@
-"""The trace-scoring page: ``agent.scoring.score_traces`` rendered for signed-in users (read-only)."""
+"""The trace-scoring page: ``agent.replay.scoring.score_traces`` rendered for signed-in users (read-only)."""
 
 from django.contrib.auth.decorators import login_required
 from django.http import HttpResponseBadRequest
 from django.shortcuts import render
 
-from agent.scoring import score_traces
+from agent.replay.scoring import score_traces
 
 #: the most runs ``?last=`` may ask for
 MAX_LAST = 100_000

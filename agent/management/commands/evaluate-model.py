@@ -1,6 +1,6 @@
 """``python manage.py evaluate-model [FOLDER ...]``: score a model over the incident scenarios.
 
-Contract: docs/model.md "Evaluating a model"; the scoring is :mod:`agent.evaluation`. Flags:
+Contract: docs/model.md "Evaluating a model"; the scoring is :mod:`agent.replay.evaluation`. Flags:
 ``--base-url URL --model NAME --api-key-ref REF`` (default: the configured model,
 ``WARDEN_MODEL_*``; REF is an environment variable's name, ``env:NAME``, ``file:/path`` or a
 path), ``--timeout-s S`` (per model request; default ``WARDEN_MODEL_TIMEOUT_S``), ``--case GLOB``
@@ -73,7 +73,15 @@ class Command(BaseCommand):
     def handle(self, *args, **opts):
         if opts["child"]:
             raise SystemExit(self._child(opts["child"]))
-        from agent.evaluation import EvaluationInputError, format_table, key_ref, load_cases, probe, store, summarize
+        from agent.replay.evaluation import (
+            EvaluationInputError,
+            format_table,
+            key_ref,
+            load_cases,
+            probe,
+            store,
+            summarize,
+        )
 
         if not 1 <= opts["repeat"] <= 100:
             self.fail(f"--repeat {opts['repeat']}: give 1 to 100 plays per case")
@@ -96,7 +104,7 @@ class Command(BaseCommand):
 
     def _config(self, opts, key_ref):
         """The model to evaluate: the flags, else the settings (``WARDEN_MODEL_*``)."""
-        from agent.model_client import ModelConfig
+        from agent.model.model_client import ModelConfig
 
         m = settings.MODEL
         base_url = (opts["base_url"] or m["BASE_URL"] or "").strip()
@@ -173,7 +181,7 @@ class Command(BaseCommand):
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             shutil.rmtree(tmp, ignore_errors=True)
-        from agent.evaluation import Case, score_case
+        from agent.replay.evaluation import Case, score_case
 
         for p in plan[len(results):]:
             r = score_case(Case(p["name"], Path(p["path"]), p["source"]), None, None, None,
@@ -187,8 +195,8 @@ class Command(BaseCommand):
         from django.core.management import call_command
         from django.db import connections
 
-        from agent.evaluation import Case, run_case
-        from agent.model_client import ModelConfig
+        from agent.model.model_client import ModelConfig
+        from agent.replay.evaluation import Case, run_case
 
         if os.environ.get(CHILD_ENV) != tmp:
             self.stderr.write("evaluate-model: --child is the command's own; run it without")

@@ -1,7 +1,7 @@
 """``python manage.py score_traces [--last N] [--epoch E] [--json]``: score the stored traces.
 
 Prints the step-count histogram, halt reasons, forbidden and forged attempt rates, side effects
-with and without an approval, and entailment flags (``agent.scoring``); ``--json`` prints the
+with and without an approval, and entailment flags (``agent.replay.scoring``); ``--json`` prints the
 same data as one JSON object.
 """
 
@@ -9,7 +9,7 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from agent.scoring import format_table, score_traces
+from agent.replay.scoring import format_table, score_traces
 
 #: the largest --last / --epoch accepted (a database integer holds it; 10**23 does not)
 MAX_LAST = 10**9

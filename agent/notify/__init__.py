@@ -1,0 +1,1 @@
+"""Notifications: email and webhooks for approvals, alerts and escalations."""
