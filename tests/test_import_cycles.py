@@ -10,12 +10,8 @@ names each one with the imports that close it (importer, imported, line).
 import grimp
 
 #: circles still open, each to be broken where it is named (a circle that no longer exists fails
-#: too, so that this list only shrinks): ``agent.actions.do_start_rehearsal`` checks the day file
-#: with ``agent.rehearse.day.parse_day``, whose replay file format validates overrides with
-#: ``agent.actions.validate_overrides``.
-KNOWN: list[frozenset[str]] = [
-    frozenset({"agent.actions", "agent.rehearse.day", "agent.replay.file_format", "agent.runtime.tools"}),
-]
+#: too, so that this list only shrinks). None is left.
+KNOWN: list[frozenset[str]] = []
 
 
 def _circles(graph) -> list[frozenset[str]]:
