@@ -1,3 +1,4 @@
+# Over 500 lines on purpose: collecting evidence and judging it share one fault taxonomy (docs/operations.md, Diagnosis).
 """Diagnosing instances: collect evidence (SSH, else the provider's data) and judge it.
 
 Order (docs/operations.md, Diagnosis): reachable over SSH? then ``nvidia-smi -L`` classified into

@@ -1,3 +1,4 @@
+# Over 500 lines on purpose: the market and the work move on one virtual clock and share its events (docs/rehearse.md).
 """The rehearsal's world: the market (a scenario provider that loads, fails and prices like the
 day file says) and Curio's side (tasks, workers, sealing sectors), moved along the virtual clock.
 
