@@ -164,14 +164,18 @@ def eligibility(inst, world, tool: str, *, actor: str = "agent") -> Eligibility:
     w = world.worker_for(inst)
     owned = (w.owned_tasks or 0) if w is not None else 0
     live = worker_live(inst, world)
+    doubt = ""
+    if w is not None and getattr(w, "identity", ""):
+        doubt = f"{inst.external_id}'s worker identity is in doubt (node_identity): {w.identity}"
     if owned and live:
         detail = (f"{inst.external_id}'s live worker owns {owned} task(s); a reboot would lose them"
                   if tool == "reboot_instance" else f"{inst.external_id}'s worker owns {owned} task(s); cordon and drain first")
-        return Eligibility("owned_tasks", detail, terminal=terminal, why=why)
+        # the refusal stands; an identity in doubt still parks whatever the refusal leaves
+        return Eligibility("owned_tasks", detail, park=doubt, terminal=terminal, why=why)
+    if doubt:
+        return Eligibility(park=doubt, terminal=terminal, why=why)
     park = ""
-    if w is not None and getattr(w, "identity", ""):
-        park = f"{inst.external_id}'s worker identity is in doubt (node_identity): {w.identity}"
-    elif tool != "reboot_instance" and owned and not live:
+    if tool != "reboot_instance" and owned and not live:
         park = f"{inst.external_id}'s dead worker still owns {owned} task(s)"
     elif tool == "destroy_instance" and blind(world) and is_terminal(inst, world)[0]:
         park = (f"demand is {world.demand.state if world.demand else 'unknown'} (blind): a terminal instance "
