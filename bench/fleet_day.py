@@ -25,9 +25,8 @@ The days (built here, in the day file's schema):
   8 the target climbs 16 workers every 6 minutes to 12,000 (1,000 workers, reached at 10.5 h) and
   back to 7,200 at hour 16; 11,760 tasks arrive an hour from 8 to 16 (6,984 outside); caps 1,000
   instances, $500/hr, 500 launches in 600 s. ``--peak N`` scales it (start 60 % of N). The climb
-  is in steps because the ``rules`` planner proposes every missing launch in one batch and the
-  pipeline refuses a batch of more than 16 calls whole (``batch_too_large``): a jump of the need
-  by 400 workers launches nothing at all (this bench found it; docs/rehearse.md, "Speed").
+  is in steps of 16, the most one batch may hold (the pipeline refuses a larger batch whole,
+  ``batch_too_large``, and the ``rules`` planner cuts its launches to fit; docs/rehearse.md, "Speed").
 
 Usage::
 
