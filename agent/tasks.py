@@ -1,9 +1,12 @@
 """Celery tasks: thin wrappers over the one cycle entry point (``agent.runtime.loop``)."""
 
+from types import SimpleNamespace
+
 from celery import shared_task
 from django.conf import settings
 from django.db import transaction
 
+from agent.actions.runs import do_post_message
 from agent.memory.model_digest import consolidate_by_model
 from agent.model.model_client import ModelConfig
 from agent.models import Run
@@ -37,8 +40,6 @@ def observe_cycle(self, trigger: str = "heartbeat", message: str | None = None, 
     """
 
     if message:  # stored once; a retry finds it waiting in its queued run
-        from agent.actions.runs import do_post_message
-
         do_post_message(message, actor)
     run = run_cycle(trigger, actor=actor, events="take")
     if run is None:
@@ -143,8 +144,6 @@ def diagnose_instances(instance_pks: list, workers: dict | None = None, timeout_
     instances in this worker's thread pool and store their diagnoses. ``workers`` maps each pk (as a
     string) to its worker view (``live``, ``unschedulable``, ``owned_tasks``) or ``None``. Returns
     how many were diagnosed."""
-    from types import SimpleNamespace
-
 
     views = {int(pk): SimpleNamespace(**w) for pk, w in (workers or {}).items() if w}
     instances = list(Instance.objects.filter(pk__in=instance_pks, killed_at__isnull=True))

@@ -6,6 +6,7 @@ class ConsoleConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        # inside: app loading (this module loads before the apps are ready)
         from django.contrib.auth.signals import user_logged_out
 
         from console import auth, broadcast  # noqa: F401 — auth: the login_lockout alert's receiver

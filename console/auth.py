@@ -23,6 +23,9 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
 
+from fleet.alerts import raise_alert
+from fleet.models import Alert
+
 log = logging.getLogger(__name__)
 
 
@@ -79,9 +82,6 @@ def alert_on_lockout(sender, request=None, username=None, ip_address=None, **kwa
     """Raise one ``login_lockout`` alert per episode: none while an open one already covers this
     address or this (existing) user — a locked address refuses every username tried from it, and
     a locked user every address, each a new lockout signal for axes."""
-    from fleet.alerts import raise_alert
-    from fleet.models import Alert
-
     name = existing_username(username)
     address = ip_address or "unknown"
     who = f"user {name!r}" if name else "a username that is not a Warden user"

@@ -6,6 +6,7 @@ Workers start with ``celery -A console worker -Q warden`` and beat with ``celery
 this module never touches Redis.
 """
 
+import logging
 import os
 
 from celery import Celery
@@ -23,8 +24,7 @@ def tick_at_start(sender=None, **kwargs) -> None:
     """Write beat's tick as soon as beat starts: ``/healthz`` then reports beat up
     at once instead of 503 "beat has never ticked" until the first scheduled tick has gone through
     the broker and a worker (about 30 s). A Redis that cannot be reached is only logged."""
-    import logging
-
+    # inside: app loading (this module loads before the apps are ready)
     from console.tasks import beat_tick
 
     try:
@@ -39,9 +39,8 @@ def fail_stuck_runs_at_start(sender=None, **kwargs) -> None:
     SIGKILL mid-run) is failed with its report (``agent.runtime.runs.fail_stuck_runs``, through the run
     lock: a lock a live run holds is left alone), and a chat message queued behind it is answered
     by a cycle queued here. Errors are only logged: the next cycle does the same."""
-    import logging
-
     try:
+        # inside: app loading (this module loads before the apps are ready)
         from agent.models import Run
         from agent.runtime.runs import acquire_lock, release_lock
 
@@ -50,6 +49,7 @@ def fail_stuck_runs_at_start(sender=None, **kwargs) -> None:
             return
         release_lock(token)
         if Run.objects.filter(status="queued").exists():
+            # inside: app loading (this module loads before the apps are ready)
             from agent.tasks import observe_cycle
 
             observe_cycle.delay("heartbeat")

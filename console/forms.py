@@ -8,6 +8,7 @@ field and its cap. The JSON API and the GET filters use the same caps.
 from django import forms
 from django.core.exceptions import ValidationError
 
+from agent.actions.alerts import SILENCE_CHOICES
 from fleet.numbers import NumberError, parse_number
 
 #: the longest value each operator input may have, in characters (docs/safety.md, Input caps and secrets)
@@ -267,7 +268,5 @@ class SilenceForm(forms.Form):
     comment = forms.CharField(required=False, max_length=CAPS["comment"], strip=True, error_messages=too_long("comment"))
 
     def __init__(self, *args, **kwargs):
-        from agent.actions.alerts import SILENCE_CHOICES
-
         super().__init__(*args, **kwargs)
         self.fields["minutes"].choices = [(m, m) for m in SILENCE_CHOICES]

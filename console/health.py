@@ -33,8 +33,12 @@ import redis
 from django.conf import settings
 from django.db import connections
 
+from agent.models import Run, SessionState
+from agent.policy.claims import worker_alive
 from console.tasks import BEAT_TICK_INTERVAL_S, BEAT_TICK_KEY
 from fleet.clock import clock
+from fleet.harmony import HarmonyTask
+from fleet.models import DemandSample
 
 BEAT_KEY = BEAT_TICK_KEY
 
@@ -65,8 +69,6 @@ def check_database() -> dict:
 
 
 def check_harmony() -> dict:
-    from fleet.harmony import HarmonyTask
-
     try:
         HarmonyTask.objects.using("harmony").only("id").first()
         return _up()
@@ -86,8 +88,6 @@ def check_redis(client: redis.Redis) -> dict:
         client.ping()
         return _up()
     except Exception as exc:
-        from django.conf import settings
-
         setting = "REDIS_URL" if not settings.REDIS_EMBEDDED else "the bundled redis-server (REDIS_URL unset; make run starts it)"
         return _down(f"{setting}: {type(exc).__name__}: {exc}")
 
@@ -96,6 +96,7 @@ def check_celery(redis_up: bool) -> dict:
     if not redis_up:
         return _down("not pinged: Redis (the broker) is down")
     try:
+        # inside: the check reports a Celery app that fails to load as down
         from console.celery import app
     except Exception as exc:
         return _down(f"no Celery app: {exc}")
@@ -192,9 +193,6 @@ def check_processes(infos: list[dict] | None) -> dict[str, dict]:
 
 
 def _stuck_runs() -> list[str]:
-    from agent.models import Run, SessionState
-    from agent.policy.claims import worker_alive
-
     lock = SessionState.objects.filter(pk=1).values("lock_token", "lock_expires_at", "lock_holder").first() or {}
     runs = list(Run.objects.filter(status="running").values_list("number", "started_at"))
     if not runs:
@@ -227,8 +225,6 @@ def check_runs() -> dict:
 
 
 def last_run() -> dict | None:
-    from agent.models import Run
-
     run = Run.objects.order_by("-started_at").only("number", "status", "started_at").first()
     if run is None:
         return None
@@ -236,8 +232,6 @@ def last_run() -> dict | None:
 
 
 def demand() -> dict:
-    from fleet.models import DemandSample
-
     sample = DemandSample.objects.order_by("-taken_at").only("state", "taken_at").first()
     if sample is None:
         return {"state": "unknown", "age_s": None, "detail": "no demand sample yet"}

@@ -86,6 +86,7 @@ VAR_DIR.mkdir(parents=True, exist_ok=True)
 
 def _secret_key() -> tuple[str, bool]:
     """``(key, replaced)`` (``console.secret_key``); a published ``WARDEN_SECRET_KEY`` stops with one line."""
+    # inside: app loading (this module loads before the apps are ready)
     from console.secret_key import PublishedKeyError, load_secret_key
 
     try:
@@ -437,6 +438,7 @@ if WARDEN["UNATTENDED"] and WARDEN["PROVIDER"] != "local":
 def _env_var_name(setting: str, default: str) -> str:
     """A setting that holds the NAME of an environment variable. The key itself pasted there
     stops with one line that does not repeat the value (it would be the secret)."""
+    # inside: app loading (this module loads before the apps are ready)
     from fleet.secrets import redact
 
     raw = os.environ.get(setting, default).strip()

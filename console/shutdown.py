@@ -7,14 +7,14 @@ and names the command that ends them, ``make stop``.
 
 import sys
 
+from fleet.providers.local import LocalProvider
+
 
 def shutdown_line() -> str:
     """One line for the console's exit: how many local demo workers keep running (their ids, at
     most five) and that ``make stop`` ends them. Never raises: when the workers cannot be listed
     the line says the workers may still run."""
     try:
-        from fleet.providers.local import LocalProvider
-
         ids = [pi.external_id for pi in LocalProvider().list_instances() if pi.status == "running"]
     except Exception as exc:
         return (f"Warden console stopped. Demo workers, if any, keep running (listing them failed: "

@@ -6,6 +6,7 @@ the condition clears. A silence (``agent.actions.alerts.do_silence_alert``) is o
 raised again while it lasts is created silenced.
 """
 
+from django.db.models import F
 from django.dispatch import Signal
 
 from fleet.clock import clock
@@ -46,8 +47,6 @@ def raise_alert(kind: str, message: str, *, severity: str = "P2", key: str | Non
     open_alert = Alert.objects.filter(key=key).exclude(state="resolved").first()
     if open_alert is not None:
         if recurring:
-            from django.db.models import F
-
             Alert.objects.filter(pk=open_alert.pk).update(count=F("count") + 1, message=message)
             open_alert.refresh_from_db(fields=["count", "message"])
             emit("alerts-changed")

@@ -6,6 +6,7 @@ class FleetConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
+        # inside: app loading (this module loads before the apps are ready)
         from fleet.cost import track_saves
         from fleet.secrets import install_field_redaction
 

@@ -19,6 +19,7 @@ from datetime import datetime
 from django.db.models.signals import post_init, post_save
 
 from fleet.clock import clock
+from fleet.models import FleetSample, Instance, StatusChange
 
 #: statuses that pay the GPU rate ``dph`` (vast: running; frozen "paused with memory — GPU charges
 #: apply"; a reboot keeps the machine's GPU rented)
@@ -108,8 +109,6 @@ def spend(inst, changes, now: datetime | None = None, since: datetime | None = N
 
 def spend_by_instance(instances, now: datetime | None = None, since: datetime | None = None) -> dict[int, Spend]:
     """:func:`spend` of each of ``instances`` (keyed by pk), reading their change rows in one query."""
-    from fleet.models import StatusChange
-
     now = now or clock.now()
     rows: dict[int, list] = {}
     for c in StatusChange.objects.filter(instance_id__in=[i.pk for i in instances]).order_by("instance_id", "at", "id"):
@@ -128,8 +127,6 @@ def fleet_spend(instances, now: datetime | None = None, since: datetime | None =
 def record_fleet_sample(instances, target_proofs_hr: float | None):
     """Store one :class:`fleet.models.FleetSample` for the cycle that saw ``instances`` (its
     non-killed ``Instance`` rows) under the objective ``target_proofs_hr``; returns it."""
-    from fleet.models import FleetSample
-
     live = [i for i in instances if i.killed_at is None]
     return FleetSample.objects.create(
         taken_at=clock.now(),
@@ -148,8 +145,6 @@ def _remember(sender, instance, **kwargs) -> None:
 
 
 def _record(sender, instance, created, update_fields=None, raw=False, **kwargs) -> None:
-    from fleet.models import StatusChange
-
     if raw or (update_fields is not None and not set(update_fields) & set(_TRACKED)):
         return
     now = tuple(instance.__dict__.get(f) for f in _TRACKED)
@@ -170,7 +165,5 @@ def _record(sender, instance, created, update_fields=None, raw=False, **kwargs) 
 def track_saves() -> None:
     """Connect the receivers (``FleetConfig.ready``): every ``Instance.save()`` that changes its
     status, ``dph`` or ``storage_dph`` writes a :class:`fleet.models.StatusChange`."""
-    from fleet.models import Instance
-
     post_init.connect(_remember, sender=Instance, dispatch_uid="fleet.cost.remember")
     post_save.connect(_record, sender=Instance, dispatch_uid="fleet.cost.record")

@@ -12,6 +12,10 @@ from fleet.demand.base import DemandError
 from fleet.demand.curio import harmony_unreadable
 from fleet.events import emit, trigger
 from fleet.harmony import HARMONY_ALIAS, HarmonyTask, ensure_schema
+from fleet.models import Instance
+from fleet.providers import get_provider
+from fleet.providers.base import ProviderError
+from fleet.sync import sync_instances
 
 MAX_ENQUEUE = 10_000
 
@@ -72,11 +76,6 @@ def kill_one_worker():
     back, its heartbeat stops, and the agent should notice a dead worker. The Instance row is
     re-synced so it shows ``exited`` with code -9. Returns None when no local worker runs.
     """
-    from fleet.models import Instance
-    from fleet.providers import get_provider
-    from fleet.providers.base import ProviderError
-    from fleet.sync import sync_instances
-
     provider = get_provider("local")
     candidates = Instance.objects.filter(provider="local", killed_at__isnull=True, status="running").order_by(
         "created_at", "id"

@@ -27,10 +27,13 @@ import shlex
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
+from django.conf import settings
+from django.db import connection
 from pydantic import BaseModel, Field, field_validator
 
 from fleet.alerts import raise_alert, resolve
 from fleet.clock import clock
+from fleet.machines import remember_failure
 from fleet.models import Alert, Diagnosis, Instance
 from fleet.providers import get_provider
 from fleet.secrets import redact, redact_obj
@@ -139,8 +142,6 @@ def commands_for(instance=None) -> list[str]:
     """The collector's commands for ``instance``: :data:`COMMANDS` plus the tail of its worker's
     log (``instance.log_path``, else WARDEN_WORKER_LOG, else :data:`DEFAULT_WORKER_LOG`; the path
     is shell-quoted: it is provider data)."""
-    from django.conf import settings
-
     path = (getattr(instance, "log_path", "") or settings.WARDEN.get("WORKER_LOG") or DEFAULT_WORKER_LOG)
     return [*COMMANDS, f"tail -n {WORKER_LOG_LINES} {shlex.quote(path)}"]
 
@@ -438,15 +439,11 @@ def diagnose(instance: Instance, *, worker=None, timeout_s: float = 30, judge_fn
     hits = [(cmd, e["injection"][0]) for cmd, e in evidence.items() if isinstance(e, dict) and e.get("injection")]
     hits += [("provider", h) for h in _scan(json.dumps(evidence["provider"]))]
     if hits:  # what a machine prints is data: instruction-like text raises prompt_injection here
-        from fleet.alerts import raise_alert
-
         cmd, fragment = hits[0]
         evidence["injection"] = [{"command": c, "fragment": f[:120]} for c, f in hits]
         raise_alert("prompt_injection", f"instruction-like text in the diagnose_instance evidence of {instance.external_id} "
                     f"({_short(cmd)}): {fragment[:120]}", severity="P1", key=f"prompt_injection:diagnosis:{instance.external_id}")
     if verdict.fault_class == "host":  # a host fault: replace it and avoid that machine in later offers
-        from fleet.machines import remember_failure
-
         remember_failure(instance, f"host fault diagnosed: {redact(verdict.cause)}")
     return Diagnosis.objects.create(
         instance=instance, taken_at=clock.now(), health=verdict.health,
@@ -462,8 +459,6 @@ def diagnose_many(instances: list[Instance], *, workers: dict | None = None, max
     order. ``workers`` maps instance pk to its ``WorkerView``. A dead host costs its own thread
     the connect budget (``fleet.ssh.CONNECT_TIMEOUT_S``), not the others. Each thread closes its
     database connection when done."""
-    from django.db import connection
-
     def one(inst):
         try:
             return diagnose(inst, worker=(workers or {}).get(inst.pk), timeout_s=timeout_s, judge_fn=judge_fn)

@@ -9,7 +9,7 @@ backlog of proofs Curio has not queued yet.
 The demo (SQLite by default) creates them with :func:`ensure_schema`.
 """
 
-from django.db import connections, models
+from django.db import DatabaseError, connections, models, transaction
 
 HARMONY_ALIAS = "harmony"
 
@@ -196,8 +196,7 @@ def set_unschedulable(machine_name: str, value: bool, alias: str = HARMONY_ALIAS
     what it owns and takes no new work. Raises ``fleet.demand.base.DemandError`` naming the grant
     when the database role may not write it (SQLSTATE 42501, e.g. the console's read-only role).
     """
-    from django.db import DatabaseError, transaction
-
+    # inside: fleet.demand's __init__ imports demand.curio, which imports fleet.harmony (a load-order circle)
     from fleet.demand.base import DemandError
 
     try:

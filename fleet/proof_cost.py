@@ -19,9 +19,15 @@ import statistics
 from dataclasses import dataclass
 from datetime import timedelta
 
+from django.conf import settings
 from django.db import Error as DbError
+from django.db.models import Count, Q
 
 from fleet.clock import clock
+from fleet.demand import DemandError, get_source
+from fleet.demand.curio import HarmonyDemandSource, _name_proofs
+from fleet.harmony import HarmonyMachine, HarmonyMachineDetails
+from fleet.models import CurioRead, Instance, ProofCredit
 
 #: the window proofs are counted over
 WINDOW = timedelta(hours=24)
@@ -58,10 +64,6 @@ def record_proof_credits(proofs: list[dict], instances=(), read_at=None) -> int:
     ``CurioRead`` mark (every proof recorded before it is now credited) and each credit's
     ``seen_after`` is the mark before it — the two bound when the proof ended on the database's
     clock (``fleet.demand.curio.node_clock_offsets``)."""
-    from django.db.models import Q
-
-    from fleet.models import CurioRead, Instance, ProofCredit
-
     read_at = read_at or (proofs[0]["seen_at"] if proofs else None)
     prev = None
     if read_at is not None:
@@ -94,11 +96,6 @@ def credit_new_proofs(source, instances=()) -> int:
     """Credit the proofs ``source`` (a ``HarmonyDemandSource``) recorded since the last credited
     one, outside an observe (the Performance tab shows up-to-date credits). Raises
     ``django.db.Error`` when Curio's tables cannot be read."""
-    from django.conf import settings
-
-    from fleet.demand.curio import _name_proofs
-    from fleet.harmony import HarmonyMachine, HarmonyMachineDetails
-
     names = list(settings.WARDEN["TASK_NAMES"])
     proofs = source._new_proofs(names)
     if not proofs:
@@ -120,10 +117,6 @@ def proof_costs(instances, window: timedelta = WINDOW, using: str | None = None)
     success and says why nothing was measured otherwise (a demand source without HarmonyDB, or an
     unreadable table): the list is then empty, never a row of zeros. The GPU model and $/hr are
     each credit's, recorded when the proof was seen: a stopped or destroyed instance keeps its."""
-    from fleet.demand import DemandError, get_source
-    from fleet.demand.curio import HarmonyDemandSource
-    from fleet.models import ProofCredit
-
     try:
         source = get_source()
     except DemandError as exc:
@@ -157,10 +150,6 @@ def proof_costs(instances, window: timedelta = WINDOW, using: str | None = None)
 def credited_proofs(since, until=None) -> dict[int | None, int]:
     """How many proofs were credited to each instance id (None: not ours) with ``seen_at`` in
     ``[since, until)`` (database clock)."""
-    from django.db.models import Count
-
-    from fleet.models import ProofCredit
-
     qs = ProofCredit.objects.filter(seen_at__gte=since)
     if until is not None:
         qs = qs.filter(seen_at__lt=until)

@@ -44,6 +44,9 @@ import re
 import stat
 from pathlib import Path
 
+from django.apps import apps
+from django.db import models
+
 MARK = "[REDACTED]"
 
 #: characters of a log message kept after redaction (a 404 with a 1 MB path logs this much)
@@ -288,9 +291,6 @@ REDACTED_APPS = ("agent", "fleet")
 def text_fields(app_labels=REDACTED_APPS):
     """``(model, field)`` for every ``CharField``/``TextField``/``JSONField`` (subclasses too) of
     every managed model of ``app_labels``: the columns :func:`install_field_redaction` covers."""
-    from django.apps import apps
-    from django.db import models
-
     for model in apps.get_models():
         if model._meta.app_label in app_labels and model._meta.managed:
             for field in model._meta.concrete_fields:

@@ -12,12 +12,22 @@ costs no more than that; each command has its own timeout. One connection per ho
 :data:`POOL` and reused by later runners for :data:`IDLE_REUSE_S` seconds after its last use.
 """
 
+import base64
+import hashlib
 import logging
+import os
+import secrets as _secrets
+import shlex
 import socket
 import threading
 import time
 
+import paramiko
+from paramiko.hostkeys import HostKeyEntry
+
+from fleet.alerts import raise_alert
 from fleet.clock import clock
+from fleet.models import Instance
 
 #: the most characters of one command's output kept
 MAX_OUTPUT_CHARS = 8000
@@ -63,8 +73,6 @@ class Unreachable(Exception):
 
 def classify(exc: BaseException) -> str:
     """The :data:`KINDS` entry for an exception raised while connecting (socket or paramiko)."""
-    import paramiko
-
     text = str(exc)
     if isinstance(exc, paramiko.BadHostKeyException):
         return "host_key"
@@ -95,10 +103,6 @@ def load_key(path: str):
     Loading an RSA key validates it (about 0.1 s of CPU, twice inside paramiko): a parsed key is
     kept in this process's memory for :data:`IDLE_REUSE_S` seconds while the file is unchanged
     (same size and mtime), never written anywhere. Raises ``OSError``/``ValueError``/``SSHException``."""
-    import os
-
-    import paramiko
-
     st = os.stat(path)
     stamp = (st.st_mtime_ns, st.st_size)
     now = time.monotonic()
@@ -231,8 +235,6 @@ class SSHRunner:
         return (self.host, int(self.port), self.user, self.key_filename or "")
 
     def _connect(self):
-        import paramiko
-
         pkey = None
         if self.key_filename:
             try:
@@ -304,8 +306,6 @@ class SSHRunner:
         ``max_chars`` overrides the cap. A command past ``timeout_s`` answers 124; a broken session (the connection dropped)
         answers 255 with the error text. Never raises for a command's failure.
         """
-        import paramiko
-
         transport = self.client.get_transport() if self.client is not None else None
         if transport is None or not transport.is_active():
             self.broken = True
@@ -363,9 +363,6 @@ class SSHRunner:
         the unfinished commands answer 124 too; when the session drops, the command it dropped in
         answers 255, ``broken`` is set and the later ones are not in the list.
         """
-        import secrets as _secrets
-        import shlex
-
         keep = keep or ["head"] * len(commands)
         nonce = _secrets.token_hex(8)
         mark = f":warden:{nonce}:"
@@ -410,9 +407,6 @@ def key_line(key) -> str:
 
 def fingerprint(line_or_key) -> str:
     """OpenSSH's ``SHA256:…`` fingerprint of a key (a ``PKey`` or a :func:`key_line`)."""
-    import base64
-    import hashlib
-
     blob = line_or_key.asbytes() if hasattr(line_or_key, "asbytes") else base64.b64decode(str(line_or_key).split()[1])
     return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
 
@@ -425,8 +419,6 @@ class _KeepOnFirstUse:
         self.store = store
 
     def missing_host_key(self, client, hostname, key):
-        import paramiko
-
         kept = self.store.known()
         if kept:
             raise paramiko.BadHostKeyException(hostname, key, _parse(kept))
@@ -434,8 +426,6 @@ class _KeepOnFirstUse:
 
 
 def _parse(line: str):
-    from paramiko.hostkeys import HostKeyEntry
-
     entry = HostKeyEntry.from_line(f"kept {line}")
     if entry is None or entry.key is None:
         raise ValueError(f"not a host key line: {line[:60]!r}")
@@ -459,8 +449,6 @@ class InstanceHostKeys:
         self.instance = instance
 
     def known(self) -> str:
-        from fleet.models import Instance
-
         line = Instance.objects.filter(pk=self.instance.pk).values_list("ssh_host_key", flat=True).first()
         return line or ""
 
@@ -485,16 +473,12 @@ class InstanceHostKeys:
 
     def remember(self, key) -> None:
         """Keep ``key`` if no key is kept yet (a conditional UPDATE: the first writer wins)."""
-        from fleet.models import Instance
-
         Instance.objects.filter(pk=self.instance.pk, ssh_host_key="").update(
             ssh_host_key=key_line(key), ssh_host_key_at=clock.now())
 
     def refuse(self, offered) -> str:
         """Raise the ``ssh_host_key_changed`` alert for ``offered`` (a ``PKey``); return the line
         that says why the connection was refused."""
-        from fleet.alerts import raise_alert
-
         inst = self.instance
         kept = self.known()
         why = (f"host key changed: it offered {offered.get_name()} {fingerprint(offered)}, not the key kept on first "

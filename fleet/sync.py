@@ -13,8 +13,10 @@ from django.db import transaction
 from fleet.audit import do_audit
 from fleet.clock import clock
 from fleet.events import emit, trigger
+from fleet.machines import remember_failure
 from fleet.models import Instance, StatusChange
 from fleet.providers import get_provider
+from fleet.providers.base import ProviderError
 from fleet.secrets import redact
 from fleet.untrusted import raise_instance_injection, scan_instance
 
@@ -190,8 +192,6 @@ def sync_instances(provider=None) -> list[Instance]:
                 live += new
                 changed = True
         if failed:
-            from fleet.machines import remember_failure
-
             for row in failed:
                 remember_failure(row, f"{row.external_id} {row.status}: {row.status_msg[:200]}")
         if changed:
@@ -218,8 +218,6 @@ def _confirm_missing(provider, names, listed: set[str], born_before) -> dict[str
     ``provider_error`` alert, nothing changed), never "all vanished". Rows we asked to destroy are
     not asked about (their absence is what we wanted). ``None`` for a provider
     without ``show`` (its list is its truth)."""
-    from fleet.providers.base import ProviderError
-
     show = getattr(provider, "show", None)
     if show is None:
         return None

@@ -39,6 +39,12 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import django
+import psutil
+from django.conf import settings
+from django.db import DatabaseError, connections, transaction
+from django.utils import timezone
+
 #: an idle worker also cleans up dead machines at least this often, seconds (more often when the
 #: looks-dead time, ``settings.WARDEN["LOOKS_DEAD_S"]`` from WARDEN_LOOKS_DEAD_S, is shorter)
 CLEANUP_EVERY_S = 60
@@ -54,8 +60,6 @@ def _write_json(path: Path, data: dict) -> None:
 # --- supervisor --------------------------------------------------------------------------------
 def supervise(state: Path, worker_args: list[str]) -> int:
     """Start the worker, record its pid, wait, record its exit code; returns the worker's code."""
-    import psutil
-
     proc = subprocess.Popen([sys.executable, "-m", "fleet.worker", *worker_args], stdin=subprocess.DEVNULL)
     try:
         create_time = psutil.Process(proc.pid).create_time()
@@ -111,14 +115,11 @@ class Worker:
         print(f"{datetime.now(UTC).isoformat(timespec='seconds')} worker {self.name}: {msg}", flush=True)
 
     def _now(self):
-        from django.utils import timezone
-
         return timezone.now()
 
     def register(self) -> int:
         """Clean up long-dead machines, then create (or reuse) our machine row; returns its id."""
-        from django.db import transaction
-
+        # inside: models load only once main() has called django.setup() (python -m fleet.worker)
         from fleet.harmony import HARMONY_ALIAS, HarmonyMachine, HarmonyMachineDetails, HarmonyTask
 
         now = self._now()
@@ -166,6 +167,7 @@ class Worker:
         Curio runs it when a node registers; the demo worker also runs it while idle, so a task a
         killed worker owned is not stuck when no other worker starts. Returns machines removed.
         """
+        # inside: models load only once main() has called django.setup() (python -m fleet.worker)
         from fleet.harmony import HarmonyMachine, HarmonyMachineDetails, HarmonyTask
 
         dead = list(
@@ -182,8 +184,7 @@ class Worker:
 
     def heartbeat_loop(self) -> None:
         """Update ``last_contact`` every ``heartbeat_s`` until stopping (runs in its own thread)."""
-        from django.db import DatabaseError, connections
-
+        # inside: models load only once main() has called django.setup() (python -m fleet.worker)
         from fleet.harmony import HarmonyMachine
 
         try:
@@ -196,14 +197,14 @@ class Worker:
             connections.close_all()
 
     def schedulable(self) -> bool:
+        # inside: models load only once main() has called django.setup() (python -m fleet.worker)
         from fleet.harmony import HarmonyMachine
 
         return not HarmonyMachine.objects.filter(id=self.machine_id, unschedulable=True).exists()
 
     def claim(self):
         """Claim one unowned task of our names; returns the task (now ours) or None."""
-        from django.db import connections, transaction
-
+        # inside: models load only once main() has called django.setup() (python -m fleet.worker)
         from fleet.harmony import HARMONY_ALIAS, HarmonyTask
 
         now = self._now()
@@ -239,8 +240,7 @@ class Worker:
 
     def finish(self, task, work_start) -> None:
         """Delete the task we own and write its history row (result true)."""
-        from django.db import transaction
-
+        # inside: models load only once main() has called django.setup() (python -m fleet.worker)
         from fleet.harmony import HARMONY_ALIAS, HarmonyTask, HarmonyTaskHistory
 
         now = self._now()
@@ -262,6 +262,7 @@ class Worker:
         self.log(f"proved task {task.id} ({task.name}) in {(now - work_start).total_seconds():.1f} s")
 
     def put_back(self, task) -> None:
+        # inside: models load only once main() has called django.setup() (python -m fleet.worker)
         from fleet.harmony import HarmonyTask
 
         HarmonyTask.objects.filter(id=task.id, owner_id=self.machine_id).update(owner=None, update_time=self._now())
@@ -323,10 +324,8 @@ def main(argv: list[str] | None = None) -> int:
         return supervise(Path(args.state), rest)
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
-    import django
 
     django.setup()
-    from django.conf import settings
 
     warden = settings.WARDEN
     worker = Worker(
@@ -337,7 +336,6 @@ def main(argv: list[str] | None = None) -> int:
         cordoned=args.cordoned,
         looks_dead_s=warden["LOOKS_DEAD_S"],
     )
-    from django.db import DatabaseError
 
     try:
         return worker.run()

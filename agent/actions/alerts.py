@@ -4,12 +4,15 @@ Each ``do_*`` writes its audit row and announces change topics after commit (``a
 """
 
 
+from datetime import timedelta
+
 from django.db import transaction
 
 from agent.actions.text import check_text
 from fleet.audit import do_audit
 from fleet.clock import clock
 from fleet.events import emit
+from fleet.models import Alert
 from fleet.secrets import redact
 
 
@@ -21,8 +24,6 @@ def do_ack_alert(alert, actor: str, comment: str):
     alert, raises ValueError saying its current state. An empty comment raises ValueError.
     Returns the refreshed alert; announces ``alerts-changed``.
     """
-    from fleet.models import Alert
-
     comment = (comment or "").strip()
     if not comment:
         raise ValueError("say what you are doing about it (the comment is shown to other operators)")
@@ -52,10 +53,6 @@ def do_silence_alert(alert, actor: str, minutes: float, comment: str = ""):
     silence replaces the alert's previous one. Raises ValueError saying what was wrong. Audited as
     ``silence_alert`` with the end time; announces ``alerts-changed``. Returns the refreshed alert.
     """
-    from datetime import timedelta
-
-    from fleet.models import Alert
-
     if isinstance(minutes, bool) or not isinstance(minutes, (int, float)) or not 1 <= minutes <= 10_080:
         raise ValueError("silence for between 1 minute and 7 days (10,080 minutes)")
     comment = check_text("comment", comment)
@@ -77,8 +74,6 @@ def do_silence_alert(alert, actor: str, minutes: float, comment: str = ""):
 def do_unsilence_alert(alert, actor: str):
     """End ``alert``'s silence now (it shows as firing again and later episodes notify). Raises
     ValueError when it is not silenced. Audited as ``unsilence_alert``."""
-    from fleet.models import Alert
-
     now = clock.now()
     n = Alert.objects.filter(pk=alert.pk, silenced_until__gt=now).update(silenced_until=now)
     if n != 1:
@@ -97,8 +92,6 @@ def do_ack_alerts(pks: list[int], actor: str, comment: str) -> list:
 
     Raises ValueError, with nothing acknowledged, when no alert is selected, more than 500 are, the
     comment is empty, or one of them is not firing any more (the message names it)."""
-    from fleet.models import Alert
-
     pks = sorted({int(pk) for pk in pks})
     if not pks:
         raise ValueError("select at least one alert to acknowledge")

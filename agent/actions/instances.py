@@ -11,11 +11,17 @@ from django.db import DatabaseError, transaction
 
 from agent.actions.text import check_text
 from agent.models import SessionState
-from agent.policy.claims import EffectNotRecorded
+from agent.policy.claims import EffectNotRecorded, run_claimed
+from agent.policy.guards import check
+from agent.policy.table import effective_limits, effective_policy
 from fleet.audit import do_audit
 from fleet.clock import clock
+from fleet.cordon import reapply
+from fleet.demand.base import DemandError
 from fleet.events import emit
-from fleet.models import AuditLog
+from fleet.harmony import set_unschedulable
+from fleet.models import AuditLog, Instance
+from fleet.providers import ProviderError, get_provider
 from fleet.secrets import redact_obj
 
 
@@ -30,8 +36,6 @@ def do_launch_instance(*, gpu_name: str = "", offer_id: str = "", actor: str, re
     idempotency key, so a launch whose answer is lost can be found: ``agent.policy.claims``). Returns the new :class:`fleet.models.Instance`. Raises ``ProviderError`` when the provider
     refuses or fails (nothing is recorded then).
     """
-    from fleet.providers import get_provider
-
     provider = get_provider()
     pi = provider.launch(gpu_name=gpu_name, offer_id=offer_id, label=label or "warden")
     try:
@@ -42,8 +46,6 @@ def do_launch_instance(*, gpu_name: str = "", offer_id: str = "", actor: str, re
 
 
 def _record_launch(provider, pi, *, gpu_name: str, actor: str, reason: str, label: str):
-    from fleet.models import Instance
-
     now = clock.now()
     # a sync between the launch and this save may already have adopted the row
     inst, _ = Instance.objects.update_or_create(
@@ -80,8 +82,6 @@ def do_instance_action(inst, action: str, *, actor: str, reason: str = "") -> No
     the instance is gone (an autoscaler counts a deletion only once the provider no longer lists it): then it is marked killed; until then
     ``destroy_requested_at`` is set and the monitor keeps checking. Raises ``ProviderError``.
     """
-    from fleet.providers import get_provider
-
     provider = get_provider(inst.provider)
     before = _inst_state(inst)
     now = clock.now()
@@ -122,8 +122,6 @@ def _record_instance_action(provider, inst, action: str, *, actor: str, reason: 
     inst.status_since = now
     inst.save(update_fields=fields)
     if action in ("reboot", "resume") and inst.cordoned:
-        from fleet.cordon import reapply
-
         reapply([inst])  # the worker re-registered schedulable: Warden's cordon stands
     do_audit(actor, f"{action}_instance", inst.external_id, reason, before, _inst_state(inst))
     emit("fleet-changed")
@@ -154,11 +152,8 @@ def do_operator_instance_action(inst, action: str, *, actor: str, reason: str, o
     POST a ``duplicate``. Raises :class:`ActionRefused`, ``ValueError`` for bad input, or
     ``ProviderError`` when the provider fails.
     """
-    from agent.policy.claims import run_claimed
-    from agent.policy.guards import check
-    from agent.policy.table import effective_limits, effective_policy
+    # inside: upward import, listed in pyproject.toml ignore_imports (layers contract)
     from agent.runtime.observe import observe
-    from fleet.providers import ProviderError
 
     if action not in OPERATOR_ACTIONS:
         raise ValueError(f"unknown action {action!r}; use one of {', '.join(sorted(OPERATOR_ACTIONS))}")
@@ -210,11 +205,6 @@ def do_cordon(inst, on: bool, *, actor: str, reason: str = "") -> int:
     (the record is put back: it could never apply); :class:`EffectNotRecorded` when applying failed
     otherwise (the audit row says so; Warden's record stands and is re-applied next cycle).
     """
-    from fleet.demand.base import DemandError
-    from fleet.harmony import set_unschedulable
-    from fleet.models import Instance
-    from fleet.providers import ProviderError, get_provider
-
     reason = check_text("reason", reason, required=True)
     verb = "cordon" if on else "uncordon"
     with transaction.atomic():

@@ -4,9 +4,13 @@ Each ``do_*`` writes its audit row and announces change topics after commit (``a
 """
 
 
+from django.core.exceptions import ValidationError
+from django.core.validators import validate_email
 from django.db import transaction
 
 from agent.actions.text import check_text
+from agent.models import NotificationSettings
+from agent.notify.notifications import KINDS, check_webhook_ref
 from fleet.audit import do_audit
 
 
@@ -16,12 +20,6 @@ def do_save_notification_settings(user, *, email: str, webhook_ref: str, kinds: 
     (``env:NAME`` / ``file:/path``, or empty; never a URL: ``agent.notify.notifications.check_webhook_ref``)
     and the kinds wanted (``agent.notify.notifications.KINDS``). Raises ValueError naming the field.
     Audited as ``notification_settings`` (the reference's name only). Returns the settings row."""
-    from django.core.exceptions import ValidationError
-    from django.core.validators import validate_email
-
-    from agent.models import NotificationSettings
-    from agent.notify.notifications import KINDS, check_webhook_ref
-
     email = check_text("email", email, limit=254)
     if email:
         try:

@@ -7,7 +7,7 @@ Each ``do_*`` writes its audit row and announces change topics after commit (``a
 from celery import current_app
 from django.db import transaction
 
-from agent.models import Run, SessionState, Step
+from agent.models import Rehearsal, Run, SessionState, Step
 from fleet.audit import do_audit
 from fleet.clock import clock
 from fleet.events import emit
@@ -72,7 +72,7 @@ def do_start_rehearsal(day: dict, name: str, actor: str, reason: str = "", chang
     task plays both (``agent.rehearse.background.play_stored``). The days are checked first:
     ``agent.rehearse.day.DayFileError`` (one line) and nothing stored. Audited as
     ``start_rehearsal``; announces ``rehearsals-changed``. Returns the ``Rehearsal`` row of ``day``."""
-    from agent.models import Rehearsal
+    # inside: upward import, listed in pyproject.toml ignore_imports (layers contract)
     from agent.rehearse.day import parse_day
 
     parse_day(day, "the day to rehearse")

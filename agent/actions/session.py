@@ -6,6 +6,7 @@ Each ``do_*`` writes its audit row and announces change topics after commit (``a
 
 from django.db import transaction
 
+from agent.memory.store import flush_buffer
 from agent.models import SessionState
 from agent.policy.limits import MAX_TARGET_PROOFS_HR
 from fleet.audit import do_audit
@@ -48,8 +49,6 @@ def do_reset_session(actor: str, reason: str = "") -> SessionState:
     console asks first, server-side (``console.views.settings.reset_session``: a confirmation step
     that says what is kept and cleared, and works without JavaScript).
     """
-    from agent.memory.store import flush_buffer
-
     state = SessionState.objects.select_for_update().get(pk=SessionState.get().pk)
     before = state.epoch
     state.epoch += 1

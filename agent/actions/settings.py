@@ -9,6 +9,7 @@ from django.db import transaction
 
 from agent.models import SessionState
 from agent.policy.limits import LIMIT_RANGES
+from agent.policy.table import DEFAULT_POLICY, PRIORITIES, effective_limits, effective_policy
 from fleet.audit import do_audit
 from fleet.events import emit
 from fleet.numbers import NumberError, parse_number, parse_number_list
@@ -27,8 +28,6 @@ class OverrideError(ValueError):
 
 def policy_keys() -> list[str]:
     """Every policy key an operator may set: the tools' defaults plus ``launch_instance:P0`` … ``:P3``."""
-    from agent.policy.table import DEFAULT_POLICY, PRIORITIES
-
     keys = list(DEFAULT_POLICY)
     keys += [f"launch_instance:{p}" for p in PRIORITIES if f"launch_instance:{p}" not in DEFAULT_POLICY]
     keys += [f"{t}:monitor" for t in ("stop_instance", "reboot_instance", "destroy_instance") if f"{t}:monitor" not in keys]
@@ -95,8 +94,6 @@ def validate_overrides(policy: dict | None, limits: dict | None) -> tuple[dict, 
 
 def baseline_settings(state: SessionState | None = None) -> tuple[dict, dict]:
     """The policy table and limits with no operator override (defaults < env < objectives)."""
-    from agent.policy.table import effective_limits, effective_policy
-
     state = state or SessionState.get()
     bare = SessionState(target_proofs_hr=state.target_proofs_hr, objectives=state.objectives, overrides={})
     return effective_policy(bare), effective_limits(bare).values

@@ -14,6 +14,10 @@ the entailment check (``agent.runtime.report.entailment_flags``) finds them.
 
 import re
 
+from django.db.models import Q
+
+from agent.models import Approval, Run, Step
+
 #: verbs that change the fleet: with an instance id or "all/every/the workers" after them, or
 #: first in the message, they make it an instruction rather than a question
 VERBS = {"stop", "start", "launch", "destroy", "kill", "terminate", "reboot", "restart", "resume", "retire",
@@ -135,8 +139,6 @@ def cycle_lines(steps) -> list[str]:
 
 def approvals_line(run) -> str:
     """Calls of other runs that wait for an operator's approval (this run's own are in its steps)."""
-    from agent.models import Approval
-
     waiting = list(Approval.objects.filter(status="waiting").exclude(run=run).order_by("created_at")[:10])
     if not waiting:
         return "Nothing else waits for approval."
@@ -169,10 +171,6 @@ def is_why(text: str) -> bool:
 def _acted_on(ident: str):
     """The newest call step that acted on instance ``ident``: one naming it in its arguments, or a
     launch whose answer names it. None when the trace has none."""
-    from django.db.models import Q
-
-    from agent.models import Step
-
     return (Step.objects.filter(kind="call").filter(Q(args__instance_id=ident) | Q(tool="launch_instance",
                                                                                   observation__contains=f'"{ident}"'))
             .exclude(outcome__in=("", "proposed")).select_related("run").order_by("-created_at", "-id").first())
@@ -180,8 +178,6 @@ def _acted_on(ident: str):
 
 def _step_story(s) -> str:
     """One call in words from the trace: the run, the call, its reason, its outcome, who approved."""
-    from agent.models import Approval
-
     line = (f"Run {s.run.number} ({s.run.trigger}, /runs/{s.run.number}/) called {_call(s)} at "
             f"{s.created_at:%Y-%m-%d %H:%M:%S} UTC")
     why = s.call_reason or (s.args or {}).get("reason") or ""
@@ -202,8 +198,6 @@ def why_lines(message: str) -> list[str]:
     """The answer to a why-question from the trace: for each instance id or run number in
     ``message``, the call that acted (run, call, reason, outcome, who approved it) and the
     instance's page. Returns [] when the message names neither."""
-    from agent.models import Run
-
     out = []
     for ident in sorted(set(m.lower() for m in _ID.findall(message or ""))):
         s = _acted_on(ident)

@@ -23,6 +23,7 @@ re-fetches.
 import time
 
 from agent.chat.verdicts import CLOSE, OPEN
+from fleet.events import stream
 from fleet.secrets import redact
 
 #: seconds between frames while text arrives
@@ -92,8 +93,6 @@ class ChatStream:
 
     def __init__(self, run_number: int, *, send=None, interval: float = INTERVAL_S, now=time.monotonic):
         if send is None:
-            from fleet.events import stream
-
             send = stream
         self.run_number = run_number
         self.send = send

@@ -41,9 +41,12 @@ import json
 import math
 from dataclasses import dataclass, field
 
+from django.db.models import Count, Q
+
 from agent.chat.chat_answer import model_words
 from agent.chat.verdicts import without_verdicts
 from agent.models import Run, SessionState, Step
+from agent.policy.table import effective_limits
 from agent.policy.tool_specs import canonical_json, truncate
 from fleet.untrusted import as_data
 
@@ -205,8 +208,6 @@ def repeat_reminder(steps=None, *, thresholds=None) -> tuple[int, str | None]:
     ``steps``: Step dicts oldest first; by default the current epoch's steps from the database.
     """
     if thresholds is None:
-        from agent.policy.table import effective_limits
-
         thresholds = tuple(effective_limits().repeat_reminders)
     if steps is None:
         epoch = SessionState.get().epoch
@@ -329,11 +330,8 @@ def build_context(*, run: Run | None = None, budget_tokens: int = DEFAULT_BUDGET
     taking the omitted units' one-line extracts, returning text); extractive by default.
     """
     if thresholds is None:
-        from agent.policy.table import effective_limits
-
         thresholds = tuple(effective_limits().repeat_reminders)
     epoch = SessionState.get().epoch
-    from django.db.models import Q
 
     wanted = Q(included_in_prompt=True) | Q(pk=run.pk) if run is not None else Q(included_in_prompt=True)
     # (pk, number) of the runs in the prompt, newest first: tuples, not model instances
@@ -433,8 +431,6 @@ def _older_history(order: list[int], oldest: dict) -> str:
     """One line counting the agent's calls before the window read, by tool and outcome, over at
     most :data:`OLDER_RUNS` runs (one aggregate query on the (run, seq) index: its cost does not
     grow with the session), and how many runs lie beyond that."""
-    from django.db.models import Count, Q
-
     idx = order.index(oldest["run_id"])
     older = order[idx + 1:idx + 1 + OLDER_RUNS]
     rows = (Step.objects.filter(kind="call", actor="agent")

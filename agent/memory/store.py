@@ -24,12 +24,14 @@ import logging
 import re
 from datetime import timedelta
 
+from django.contrib.postgres.search import SearchQuery, SearchRank, SearchVector
 from django.db import connection, transaction
 
-from agent.models import MemoryFact, ShortTermMessage
+from agent.models import Approval, MemoryFact, ShortTermMessage
 from fleet.audit import do_audit
 from fleet.clock import clock
 from fleet.events import emit
+from fleet.models import Diagnosis
 from fleet.secrets import redact
 
 log = logging.getLogger(__name__)
@@ -120,8 +122,6 @@ def recall(query: str = "", *, category: str | None = None, limit: int = 20, tou
     now = clock.now()
     query = (query or "").strip()
     if query and connection.vendor == "postgresql":
-        from django.contrib.postgres.search import SearchQuery, SearchRank, SearchVector
-
         sq = SearchQuery(query, search_type="websearch", config="english")
         vector = SearchVector("key", "value", "category", config="english")
         def matching(q):  # ts_rank is never 0 (1e-20 for no match): filter with @@ instead
@@ -210,9 +210,6 @@ def consolidate() -> list[MemoryFact]:
     """Extract rule-made facts (no model): one ``incident`` memory per instance with a host fault
     diagnosed in the last week, one ``rule_learned`` fact per tool and target operators rejected.
     Idempotent: the same evidence rewrites the same ``(category, key)``."""
-    from agent.models import Approval
-    from fleet.models import Diagnosis
-
     since = clock.now() - CONSOLIDATE_WINDOW
     made = []
     host = (Diagnosis.objects.filter(taken_at__gte=since, fault_class="host").select_related("instance")

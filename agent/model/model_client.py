@@ -33,12 +33,17 @@ and handed to the SDK only; it is never stored, logged, shown or put in a prompt
 """
 
 import json
+import re
 import time
 from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
 
+import httpx
 import openai
+from django.conf import settings
 from tenacity import RetryError, Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
+from agent.models import ModelCall
 from fleet.clock import clock
 from fleet.secrets import SecretReferenceError, redact, resolve
 
@@ -86,8 +91,6 @@ class ModelConfig:
     @classmethod
     def from_settings(cls) -> "ModelConfig | None":
         """The configured model (``settings.MODEL``), or ``None`` when base URL or model is unset."""
-        from django.conf import settings
-
         m = settings.MODEL
         if not (m["BASE_URL"] and m["MODEL"]):
             return None
@@ -179,8 +182,6 @@ def is_context_length(exc: BaseException) -> bool:
 def _named_window(exc: openai.APIStatusError) -> int | None:
     """The window a context-length answer names ("maximum context length is 8192 tokens", vLLM and
     OpenAI; "n_ctx: 8192" / "context size (8192)", llama.cpp), or ``None``."""
-    import re
-
     text = exc.response.text if exc.response is not None else str(exc)
     m = re.search(r"(?:maximum context length is|n_ctx|context size)[^0-9]{0,8}(\d{3,7})", text, re.I)
     return int(m.group(1)) if m else None
@@ -213,8 +214,6 @@ class Reply:
 
 def _record(run, cfg: ModelConfig, request: dict, *, status: str, response: str = "", error: str = "",
             tokens_in: int = 0, tokens_out: int = 0, t0: float = 0.0, estimated: bool = False):
-    from agent.models import ModelCall
-
     if run is None:
         return None
     seq = ModelCall.objects.filter(run=run).count() + 1
@@ -506,8 +505,6 @@ def _window_from_server(cfg: ModelConfig) -> tuple[int, str] | None:
     model's entry of ``GET /v1/models``: ``max_model_len`` (vLLM), ``context_length``
     (OpenRouter), ``meta.n_ctx`` or ``meta.n_ctx_train`` (llama.cpp). Raises :class:`_NoAnswer`
     when the server could not be reached (the answer is then not remembered)."""
-    import httpx
-
     base = cfg.base_url.rstrip("/")
     root = base[:-3] if base.endswith("/v1") else base
     headers = {"Authorization": f"Bearer {_api_key(cfg)}"}
@@ -558,8 +555,6 @@ def context_window(cfg: ModelConfig, *, with_source: bool = False):
 def public_url(url: str) -> str:
     """``url`` as it may be shown and stored: scheme, host, port and path (userinfo and query,
     which can carry credentials, dropped)."""
-    from urllib.parse import urlsplit, urlunsplit
-
     parts = urlsplit(url)
     host = parts.hostname or ""
     netloc = f"{host}:{parts.port}" if parts.port else host

@@ -35,6 +35,7 @@ from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_ex
 from agent.models import Approval, Notification, NotificationSettings
 from fleet.audit import do_audit
 from fleet.clock import clock
+from fleet.models import Alert
 from fleet.secrets import SecretReferenceError, redact, resolve
 
 #: kind -> what an operator ticks on the Notifications page
@@ -235,7 +236,6 @@ def scan(now=None) -> int:
     for pk in Notification.objects.filter(status="queued", attempts=0, created_at__lt=now - timedelta(minutes=2),
                                           created_at__gte=now - timedelta(hours=6)).values_list("pk", flat=True):
         enqueue(pk)
-    from fleet.models import Alert
 
     for alert in Alert.objects.filter(state="firing", severity__in=NOTIFY_SEVERITIES, silenced_until__lte=now,
                                       silenced_until__gte=now - timedelta(hours=1)).select_related("instance"):

@@ -26,11 +26,22 @@ such as a 200 carrying an ``error`` object), or fails permanently, the cycle fal
 failed answer is dispatched: a failed answer never becomes a turn.
 """
 
+import hashlib
+import json
 import logging
+import math
 
 from agent.chat.chat_answer import FALLBACK_NOTE
+from agent.memory.context import DEFAULT_BUDGET_TOKENS, build_context, calibrate, message_tokens
+from agent.memory.model_digest import ModelSummarizer
+from agent.memory.store import recall_for_prompt
+from agent.model import model_client
 from agent.model.model_client import ModelConfig, ModelError, chat, context_window, estimate, wire_schema
+from agent.model.prompt import system_prompt
+from agent.models import SessionState
 from agent.planners.base import Planner, Proposal, Turn
+from agent.planners.rules import RulesPlanner
+from fleet.alerts import raise_alert, resolve
 from fleet.clock import clock
 from fleet.secrets import SecretReferenceError, redact
 
@@ -48,6 +59,7 @@ WINDOW_MARGIN = 256
 
 def tool_schemas() -> list[dict]:
     """OpenAI ``tools`` entries for every public tool, from its pydantic argument model."""
+    # inside: upward import, listed in pyproject.toml ignore_imports (layers contract)
     from agent.runtime.tools import PUBLIC_TOOLS, TOOLS
 
     out = []
@@ -80,8 +92,6 @@ def turn_from_message(message: dict) -> Turn:
 
 def _remember_window(cfg: ModelConfig, window: int) -> None:
     """Keep the window a server's context-length answer named, for this process's later budgets."""
-    from agent.model import model_client
-
     if cfg.context_tokens <= 0:
         model_client._WINDOWS[(cfg.base_url, cfg.model)] = (window, "the server's context-length answer")
 
@@ -109,10 +119,6 @@ class LlmPlanner(Planner):
         """Tokens the context may take: the model's window less ``max_tokens``, the tool schemas and
         a margin, at most ``agent.memory.context.DEFAULT_BUDGET_TOKENS``, at least 1,024; a budget learnt
         from a context-length answer is used when smaller."""
-        import json
-
-        from agent.memory.context import DEFAULT_BUDGET_TOKENS
-
         window = context_window(self.config)
         tools = estimate(json.dumps([wire_schema(t) for t in tool_schemas()]))
         budget = min(DEFAULT_BUDGET_TOKENS, window - self.config.max_tokens - tools - WINDOW_MARGIN)
@@ -124,14 +130,8 @@ class LlmPlanner(Planner):
     def messages(self, ctx, budget: int | None = None) -> list[dict]:
         """System prompt (tiers, with facts recalled for the operator's message in the middle) plus the
         budgeted history of the session, within ``budget`` tokens (:meth:`budget` by default)."""
-        from agent.memory.context import build_context
-        from agent.memory.store import recall_for_prompt
-        from agent.model.prompt import system_prompt
-        from agent.models import SessionState
-
         recalled = "\n".join(recall_for_prompt(ctx.message or "", limit=8))  # recalled memory: what the prompt adds to its fixed tiers
         system = system_prompt(ctx.world.summary(), objectives=SessionState.get().objectives, recalled=recalled)
-        from agent.memory.model_digest import ModelSummarizer
 
         # older history is folded into a running summary the model writes (extractive if it cannot)
         context = build_context(run=ctx.run, system=system, summarize=ModelSummarizer(self.config, ctx.run),
@@ -143,12 +143,6 @@ class LlmPlanner(Planner):
     def _new_tokens(self, messages: list[dict], factor: float) -> int | None:
         """Estimated tokens of ``messages`` not sent in this planner's previous request (``None``
         for the first request: all of it is new). What ``token_budget`` counts (agent.runtime.breakers)."""
-        import hashlib
-        import json
-        import math
-
-        from agent.memory.context import message_tokens
-
         prints = [hashlib.sha256(json.dumps(m, sort_keys=True, default=str).encode()).hexdigest() for m in messages]
         before, self._sent = self._sent, set(prints)
         if before is None:
@@ -170,15 +164,12 @@ class LlmPlanner(Planner):
         finally:
             if flush is not None:
                 flush(final=True)
-        from fleet.alerts import resolve
 
         resolve(FALLBACK_KEY)  # the model answers again: the fallback condition has ended
         turn = turn_from_message(reply.message)
         turn.tokens_in, turn.tokens_out = reply.tokens_in, reply.tokens_out
         turn.tokens_fresh = self._fresh
         if self._estimated > 0 and reply.tokens_in > 0 and reply.usage_reported:  # learn from the API's usage
-            from agent.memory.context import calibrate
-
             calibrate(self._estimated, reply.tokens_in)
         if not reply.usage_reported:  # the client estimated both counts (ModelCall.tokens_estimated)
             turn.estimate_tokens()
@@ -228,9 +219,6 @@ class LlmPlanner(Planner):
 
     # --- the fallback -------------------------------------------------------------------------
     def _fall_back(self, ctx, exc: Exception) -> None:
-        from agent.planners.rules import RulesPlanner
-        from fleet.alerts import raise_alert
-
         kind = getattr(exc, "kind", "permanent")
         why = redact(str(exc))
         what = (f"the model failed {getattr(exc, 'attempts', 1)} times ({why})" if kind == "transient"

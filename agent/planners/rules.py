@@ -27,8 +27,10 @@ It proposes; the guards, policy and approvals still decide (nothing here bypasse
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+from agent.chat.chat_answer import state_answer
+from agent.models import Approval
 from agent.planners.base import Planner, Proposal, Turn
-from agent.policy.capacity import SIZING_SLACK, draining, per_worker_rate  # noqa: F401 (re-exported)
+from agent.policy.capacity import SIZING_SLACK, draining, facts_priority, need_for, per_worker_rate  # noqa: F401 (re-exported)
 from agent.policy.guards import idle_refusal
 from agent.policy.lifecycle import recent_rejection
 from agent.policy.table import is_forbidden
@@ -64,8 +66,6 @@ def sizing(world) -> Sizing:
     starting). Stopped instances we stopped are resumed before anything is rented; terminal ones
     (not owned hosts, not being destroyed) are listed for replacement. The pipeline counts
     launches and resumes with the same function, not a copy."""
-    from agent.policy.capacity import facts_priority, need_for
-
     # destroyable (fleet.lifecycle.eligibility: not gone, not an owned host) and terminal; one
     # already being destroyed is the monitor's (destroy_unconfirmed)
     terminal = [
@@ -124,8 +124,6 @@ def not_waiting(calls: list[Proposal]) -> list[Proposal]:
     already waits for approval on it, and as many launches as launches already wait (they are
     capacity on its way once approved). Proposing them again is only refused ``duplicate`` or
     parks a second copy of the same question (noise in the inbox and the run). One query."""
-    from agent.models import Approval
-
     waiting = list(Approval.objects.filter(status="waiting").values_list("tool", "args"))
     on_instance = {(t, str(a["instance_id"])) for t, a in waiting if isinstance(a, dict) and a.get("instance_id")}
     launches = sum(1 for t, _ in waiting if t == "launch_instance")
@@ -167,7 +165,6 @@ class RulesPlanner(Planner):
         rejection of one that still stands (``rejected_recently``)."""
         if not self._idle(world):
             return []
-        from agent.models import Approval
 
         limit = timedelta(hours=world.limits.stopped_destroy_h)
         waiting = {(a.args or {}).get("instance_id") for a in Approval.objects.filter(status="waiting", tool="destroy_instance")}
@@ -320,8 +317,6 @@ class RulesPlanner(Planner):
     def chat_answer(self, ctx) -> str:
         """The answer to a ``chat`` run that parks or halts before its final turn (no verdict):
         the observed state in words (:func:`agent.chat.chat_answer.state_answer`)."""
-        from agent.chat.chat_answer import state_answer
-
         return state_answer(ctx)
 
     def final_turn(self, ctx) -> Turn:
@@ -341,8 +336,6 @@ class RulesPlanner(Planner):
         else:
             parts.append("No fleet change needed." if not ctx.call_steps() else "No fleet change made.")
         if ctx.run.trigger == "chat":
-            from agent.chat.chat_answer import state_answer
-
             return Turn(text=state_answer(ctx) + "\n" + _verdict(bool(side), bool(side)))
         return Turn(text=" ".join(parts) + " " + _verdict(bool(side), bool(side)))
 

@@ -29,8 +29,11 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django.conf import settings
+from django.db.models import Q
 
+from agent.models import Step
 from fleet.clock import clock
+from fleet.lifecycle import blind, is_terminal, starving, worker_live
 from fleet.models import PENDING_STATUSES
 
 #: workers' worth of rate ignored before rounding up (measured proof times jitter by a few ms)
@@ -108,8 +111,6 @@ def capacity(world) -> Capacity:
     source's view of its worker; a running instance the source gives no worker view of (a demand
     signal that reports only totals) is counted live up to the reading's ``workers_live`` total,
     and otherwise as starting inside the grace, else dead."""
-    from fleet.lifecycle import blind, is_terminal, starving, worker_live
-
     d = world.demand
     now = clock.now()
     grace = timedelta(seconds=world.limits.startup_grace_s)
@@ -287,10 +288,6 @@ def retire_budget(world, *, cap: Capacity | None = None, exclude_key: str = "", 
     refused ones do not count), plus ``ahead`` earlier calls of the same batch; ``exclude_key``
     leaves out the call being dispatched itself. The total is ``max(1, floor(retire_budget_pct /
     100 × W))`` with W = capacity now + the executed retirements of the window."""
-    from django.db.models import Q
-
-    from agent.models import Step
-
     lim = world.limits
     window = float(getattr(lim, "retire_window_min", 15))
     pct = float(getattr(lim, "retire_budget_pct", 50))

@@ -24,6 +24,7 @@ import os
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
+from datetime import timedelta as td
 
 import psutil
 from django.db import DatabaseError, IntegrityError, transaction
@@ -31,10 +32,12 @@ from django.db import DatabaseError, IntegrityError, transaction
 from agent.models import Approval, SideEffect, Step
 from agent.policy.limits import default
 from agent.policy.table import effective_limits
+from fleet.alerts import raise_alert
 from fleet.audit import do_audit
 from fleet.clock import clock
 from fleet.events import emit
-from fleet.models import AuditLog
+from fleet.models import AuditLog, Instance
+from fleet.providers import ProviderError, get_provider
 from fleet.secrets import redact, redact_obj
 
 log = logging.getLogger(__name__)
@@ -151,8 +154,6 @@ def finish_claim(claim: SideEffect | None, status: str, result: str) -> None:
     if claim is None:
         return
     if not close_claim(claim, status, result) and status == "done":
-        from fleet.alerts import raise_alert
-
         log.warning("claim %s finished after it was settled", claim.pk)
         raise_alert("stale_claim", f"{claim.tool} {claim.instance_ref or claim.label} (claim {claim.pk}) was settled as "
                     f"never run, but it finished and took effect: {result[:200]}", severity="P1",
@@ -191,8 +192,6 @@ def run_claimed(act, *, key: str, tool: str, args: dict, instance_ref: str, acto
     (:func:`resolve_unknown`), never re-sent. Never raises what ``act`` raised: it is in the answer
     (:class:`Claimed`).
     """
-    from fleet.providers import ProviderError
-
     claim = None
     if key:
         try:
@@ -254,8 +253,6 @@ def lookup(claim: SideEffect, provider=None) -> Lookup:
 
     Raises ``ProviderError`` when the provider cannot be read (nothing is decided then).
     """
-    from fleet.providers import get_provider
-
     provider = provider or get_provider()
     if claim.tool == "launch_instance":
         hits = provider.find_by_label(claim.label) if claim.label else []
@@ -281,8 +278,6 @@ def lookup(claim: SideEffect, provider=None) -> Lookup:
 def adopt(pi, provider_name: str, *, actor: str, reason: str):
     """Record the provider's instance ``pi`` as ours (an :class:`fleet.models.Instance` row, created
     or updated); audited as ``adopt_instance``. Returns the row."""
-    from fleet.models import Instance
-
     now = clock.now()
     inst, created = Instance.objects.update_or_create(
         provider=pi.extra.get("provider", provider_name) if isinstance(pi.extra, dict) else provider_name,
@@ -313,8 +308,6 @@ def resolve_unknown(claim: SideEffect, *, actor: str):
     ``outcome_unknown``). The provider unreadable: the claim stays open, marked
     ``outcome_unknown``, and the next cycle settles it (:func:`settle_claims`). Never re-sends.
     """
-    from fleet.providers import ProviderError, get_provider
-
     SideEffect.objects.filter(pk=claim.pk).update(code="outcome_unknown")
     claim.code = "outcome_unknown"
     provider = get_provider()
@@ -356,8 +349,6 @@ def settle_claims(max_age_min: float = default("claim_max_age_min")) -> list[Sid
     the outcome and an approval behind it goes back to ``waiting``. A provider that cannot be
     read settles nothing (tried again next cycle).
     """
-    from fleet.providers import ProviderError, get_provider
-
     now = clock.now()
     todo = [(c, why) for c in SideEffect.objects.filter(status="claimed").order_by("claimed_at")
             if (why := doubtful(c, max_age_min, now))]
@@ -381,7 +372,6 @@ def settle_claims(max_age_min: float = default("claim_max_age_min")) -> list[Sid
         else:
             if not close_claim(claim, "failed", f"stale_claim: {why}; {seen.note}; never re-run", code="stale_claim"):
                 continue
-            from fleet.alerts import raise_alert
 
             raise_alert("stale_claim", f"{what} never finished: {why}; {seen.note}. It did not run and is not re-run; "
                         "an approval behind it waits for an operator again", severity="P1", key=f"stale_claim:{claim.pk}")
@@ -394,8 +384,6 @@ def settle_claims(max_age_min: float = default("claim_max_age_min")) -> list[Sid
 
 def _record(claim: SideEffect, *, found: bool, detail: str) -> None:
     """Write a settled claim's outcome to its step, its approval and the audit log."""
-    from datetime import timedelta as td
-
     approval = Approval.objects.filter(idempotency_key=claim.key).select_related("step", "run").first()
     step = approval.step if approval else Step.objects.filter(idempotency_key=claim.key).order_by("-pk").first()
     do_audit("system", "settle_claim", claim.instance_ref or claim.label, detail, {"status": "claimed"},

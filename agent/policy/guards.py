@@ -48,6 +48,7 @@ from datetime import timedelta
 from django.db.models import Max
 
 from agent.models import Approval, SideEffect
+from agent.policy.capacity import capacity, need_for, retire_budget
 from agent.policy.claims import open_claims_block
 from agent.policy.lifecycle import recent_rejection
 from agent.policy.table import PRIORITIES
@@ -255,8 +256,6 @@ def check(tool: str, args: dict, key: str, world, *, batch_prior: list[tuple[str
 
     # disruption_budget: the agent's retirements of capacity within the sliding window
     if tool in SCALE_DOWN_TOOLS and inst is not None and inst.killed_at is None and actor == "agent":
-        from agent.policy.capacity import capacity, retire_budget
-
         cap = capacity(world)
         if cap.holds(inst):
             # earlier stops and destroys of this batch retire one instance each (a stop then a
@@ -322,8 +321,6 @@ def check(tool: str, args: dict, key: str, world, *, batch_prior: list[tuple[str
 
     # no_longer_needed (a parked launch or resume, at dispatch: the rules planner's sizing again)
     if at_dispatch and parked_within and tool in ("launch_instance", "resume_instance"):
-        from agent.policy.capacity import need_for
-
         need = need_for(world)
         if need.workers <= 0:
             d = world.demand

@@ -53,6 +53,15 @@ import json
 import math
 from datetime import timedelta
 
+from django.db.models import Max, Min
+
+from agent.models import Approval, Run, SideEffect, Step
+from agent.policy.capacity import capacity, facts_priority, less_urgent
+from agent.policy.table import policy_for
+from agent.policy.tool_specs import TOOLS, canonical_json
+from fleet.lifecycle import RETIRE_TOOLS, eligibility, is_terminal
+from fleet.models import AuditLog
+
 #: invariant name → the rule, in words (the module docstring gives its source)
 INVARIANTS = {
     "owned_tasks": "no stop or destroy of an instance whose live worker owns tasks",
@@ -83,11 +92,6 @@ def call_facts(world, tool: str, args: dict, actor: str) -> dict:
     heartbeat (the demand source's flag, not the blind rule); ``owned_tasks`` null when the source
     has no view of the worker. Never raises: a fact that cannot be read is recorded null.
     """
-    from agent.policy.capacity import capacity, facts_priority, less_urgent
-    from agent.policy.table import policy_for
-    from agent.policy.tool_specs import TOOLS
-    from fleet.lifecycle import RETIRE_TOOLS, eligibility, is_terminal
-
     d = world.demand
     out: dict = {"demand": None, "target": None}
     if d is not None:
@@ -182,8 +186,6 @@ def _operator_approved(step, approvals: dict, decisions: set[int]) -> tuple[bool
 
 def _decisions(approvals) -> set[int]:
     """The ids among ``approvals`` an operator approved (the audit rows of ``do_decide``)."""
-    from fleet.models import AuditLog
-
     if not approvals:
         return set()
     targets = {f"approval {a.pk}": a.pk for a in approvals}
@@ -217,8 +219,6 @@ def check_run(run) -> list[dict]:
     ``disruption_budget`` (the window is read across runs: earlier runs' retirements count) on the
     calls of this run that ran. Four queries plus one per scale-down that retired capacity.
     """
-    from agent.models import Approval, Step
-
     steps = list(Step.objects.filter(run=run).order_by("seq"))
     approvals = {a.step_id: a for a in Approval.objects.filter(run=run)}
     decisions = _decisions(list(approvals.values()))
@@ -278,8 +278,6 @@ def check_run(run) -> list[dict]:
 
 
 def _canon(args) -> str:
-    from agent.policy.tool_specs import canonical_json
-
     return canonical_json(args) if isinstance(args, dict) else str(args)
 
 
@@ -288,8 +286,6 @@ def _budget_violation(run, step, at: dict) -> dict | None:
     retirements of capacity in the window ending at this one (this one included) against
     ``max(1, floor(pct% of W))``, W = the capacity recorded at the call plus the window's earlier
     executed retirements (they had left the count already)."""
-    from agent.models import Step
-
     window = float(at.get("retire_window_min") or 15)
     pct = float(at.get("retire_budget_pct") or 50)
     cap_now = at.get("capacity")
@@ -317,8 +313,6 @@ def check_all(runs=None) -> list[dict]:
     effect per key: SideEffect claims that did not settle ``stale_claim``, and calls that ran,
     per key, across every actor) and ``one_run_at_a_time`` (no two runs ``running`` at once, and
     no run's steps written between another run's observation and its end: two lock holders)."""
-    from agent.models import Run, SideEffect, Step
-
     runs = list(Run.objects.order_by("number") if runs is None else runs)
     runs.sort(key=lambda r: r.number)
     by_pk = {r.pk: r for r in runs}
@@ -362,10 +356,6 @@ def _overlaps(runs) -> list[dict]:
     queued run while another one runs), so another run's step written between them means two lock
     holders at once. A run that parked released the lock while it waited and took it again to
     resume; its spans are not judged here (the ``running`` check above still is)."""
-    from django.db.models import Max, Min
-
-    from agent.models import Approval, Step
-
     parked = set(Approval.objects.filter(run_id__in=[r.pk for r in runs]).values_list("run_id", flat=True))
     by_pk = {r.pk: r for r in runs}
     rows = (Step.objects.filter(run_id__in=list(by_pk)).exclude(kind="message")

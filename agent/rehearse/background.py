@@ -19,7 +19,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
+
+from agent.models import Rehearsal
+from fleet.clock import clock
+from fleet.events import emit
+from fleet.secrets import redact
 
 #: the least change of progress stored on the row (a day writes it at most 50 times)
 PROGRESS_STEP = 0.02
@@ -43,19 +49,11 @@ def child_env(folder: str) -> dict:
 
 
 def _store_progress(pks: list[int], fraction: float) -> None:
-    from agent.models import Rehearsal
-    from fleet.events import emit
-
     Rehearsal.objects.filter(pk__in=pks, status="running").update(progress=max(0.0, min(1.0, fraction)))
     emit("rehearsals-changed")
 
 
 def _store_end(pk: int, *, result: dict | None = None, error: str = "") -> None:
-    from agent.models import Rehearsal
-    from fleet.clock import clock
-    from fleet.events import emit
-    from fleet.secrets import redact
-
     fields = {"status": "done", "progress": 1.0, "result": result} if result is not None else {
         "status": "failed", "error": redact(error)[:2000]}
     Rehearsal.objects.filter(pk=pk).update(ended_at=clock.now(), **fields)
@@ -76,9 +74,6 @@ def play_stored(pk: int) -> str:
     progress stored on the running rows covers both (0..0.5 the first, 0.5..1 the second), and if
     the first fails the second is failed with the same line. Never raises for the rehearsal's own
     failure: it is stored on the row."""
-    from agent.models import Rehearsal
-    from fleet.events import emit
-
     if not Rehearsal.objects.filter(pk=pk, status="queued").update(status="running", progress=0.0):
         return ""
     other = Rehearsal.objects.filter(pk=pk).values_list("compare_to", flat=True).get()
@@ -104,10 +99,6 @@ def _play(pk: int, progress) -> str | None:
     """Play the day of row ``pk`` in a scratch child, calling ``progress(fraction)`` as it moves by
     :data:`PROGRESS_STEP` and storing ``done`` with the result; returns None, or the one line why it
     failed (nothing stored then)."""
-    import time
-
-    from agent.models import Rehearsal
-
     day = Rehearsal.objects.values_list("day", flat=True).get(pk=pk)
     folder = tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{os.getpid()}-")
     proc = errors = None

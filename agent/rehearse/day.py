@@ -103,7 +103,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from agent.replay.file_format import aware_datetime, check_objectives
+from agent.replay.file_format import Scenario, ScenarioFileError, aware_datetime, check_objectives, read_json
 
 #: the longest day a file may ask for, hours (a week)
 MAX_HORIZON_H = 168
@@ -328,8 +328,6 @@ class Day(_Strict):
     @field_validator("policy")
     @classmethod
     def _policy_keys(cls, v: dict) -> dict:
-        from agent.replay.file_format import Scenario
-
         return Scenario._policy_keys(v)
 
     @model_validator(mode="after")
@@ -393,8 +391,6 @@ def load_day(path: str | Path) -> tuple[Day, dict]:
     Read under replay's limits (a regular UTF-8 file, JSON only, no repeated keys, no NaN;
     ``agent.replay.file_format.read_json``). Raises :class:`DayFileError` (one line).
     """
-    from agent.replay.file_format import ScenarioFileError, read_json
-
     try:
         raw = read_json(path)
     except ScenarioFileError as exc:

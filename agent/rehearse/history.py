@@ -45,10 +45,18 @@ import re
 import statistics
 from collections import Counter, defaultdict
 from datetime import datetime, timedelta
+from pathlib import Path
 
 from django.conf import settings
 
-from agent.rehearse.day import MAX_HORIZON_H, parse_day
+from agent.actions.settings import policy_keys
+from agent.models import Approval, SessionState
+from agent.policy.limits import Limits
+from agent.policy.table import effective_limits, effective_policy
+from agent.rehearse.day import MAX_HORIZON_H, DayFileError, parse_day
+from fleet.clock import clock
+from fleet.models import Alert, AuditLog, DemandSample, Instance, ProofCredit, StatusChange
+from fleet.secrets import MARK, redact
 
 #: provider states billed at the GPU rate (``fleet.cost``) and states that end a running worker
 GPU_STATES = ("running",)
@@ -94,8 +102,6 @@ def configured_secrets() -> list[str]:
 
 
 def _clean_name(text: str, secrets: list[str], limit: int = 64) -> str:
-    from fleet.secrets import MARK, redact
-
     text = redact(str(text or "").strip())[:limit]
     if MARK in text or any(s in text for s in secrets):
         return ""
@@ -118,8 +124,6 @@ def _pct(values: list[float], q: float) -> float:
 
 def _work(start, end, hours: int, secrets: list[str]) -> tuple[dict, dict]:
     """``(work section, proof seconds per GPU model)`` from demand samples and proof credits."""
-    from fleet.models import DemandSample, ProofCredit
-
     credits = list(ProofCredit.objects.filter(seen_at__gte=start, seen_at__lt=end)
                    .values_list("seen_at", "gpu_name", "seconds", "name"))
     samples = list(DemandSample.objects.filter(taken_at__gte=start, taken_at__lt=end, state="ok")
@@ -167,8 +171,6 @@ def _work(start, end, hours: int, secrets: list[str]) -> tuple[dict, dict]:
 
 def _market(start, end, secrets: list[str], max_instances: int) -> dict:
     """The market section: offers at the rates paid, price changes, loading, faults, the fleet at the start."""
-    from fleet.models import Alert, Instance, StatusChange
-
     insts = list(Instance.objects.filter(created_at__lt=end).exclude(killed_at__lt=start).order_by("created_at"))
     changes: dict[int, list] = defaultdict(list)
     for iid, at, status, dph, sdph in (StatusChange.objects.filter(instance__in=insts, at__lt=end)
@@ -249,9 +251,6 @@ def _market(start, end, secrets: list[str], max_instances: int) -> dict:
 
 def _operator(start, end) -> dict:
     """The operator section: approval delays by hour of the day, rejections, target changes."""
-    from agent.models import Approval
-    from fleet.models import AuditLog
-
     delays: dict[int, list[float]] = defaultdict(list)
     expired: set[int] = set()
     decided = rejected = 0
@@ -283,8 +282,6 @@ def _operator(start, end) -> dict:
 
 
 def _target_at(start, end, now_target: float) -> float:
-    from fleet.models import AuditLog
-
     first = (AuditLog.objects.filter(verb="set_target", at__gte=start, at__lt=end).order_by("at", "id")
              .values_list("before", flat=True).first())
     value = (first or {}).get("target_proofs_hr") if isinstance(first, dict) else None
@@ -294,11 +291,6 @@ def _target_at(start, end, now_target: float) -> float:
 def objectives_and_policy(state=None) -> tuple[dict, dict]:
     """The limits and the policy table in force (``agent.policy.table``), as a day file's ``objectives`` and
     ``policy`` take them (the replay file's keys, docs/replay.md)."""
-    from agent.actions.settings import policy_keys
-    from agent.models import SessionState
-    from agent.policy.limits import Limits
-    from agent.policy.table import effective_limits, effective_policy
-
     state = state or SessionState.get()
     limits = effective_limits(state).model_dump()
     allowed = set(Limits.model_fields)
@@ -319,10 +311,6 @@ def day_from_history(hours: float = 24, *, now: datetime | None = None, name: st
     (at most a week) before ``now`` (default: the clock's now), from this installation's records as
     the module docstring says. Raises :class:`HistoryError` when ``hours`` is out of range or the
     result does not validate (a bug: the message names the field)."""
-    from agent.models import SessionState
-    from agent.rehearse.day import DayFileError
-    from fleet.clock import clock
-
     if not (isinstance(hours, int | float) and 1 / 60 <= hours <= MAX_HORIZON_H):
         raise HistoryError(f"the span must be between 1 minute and {MAX_HORIZON_H} hours; got {hours!r}")
     end = (now or clock.now()).replace(microsecond=0)
@@ -387,8 +375,6 @@ def write_from_history(span: str, out: str | None, stdout, stderr) -> int:
     (:func:`parse_span`) written to ``out`` (a summary line on ``stdout``), or as JSON on ``stdout``
     without it. Returns the exit status: 0 written, 2 a bad span or an unwritable file (one line on
     ``stderr`` naming it and what to do)."""
-    from pathlib import Path
-
     try:
         hours = parse_span(span)
         day = day_from_history(hours)

@@ -18,6 +18,9 @@ from __future__ import annotations
 
 import math
 
+from agent.models import Approval, ModelCall, Run, Step
+from agent.policy.table import effective_limits
+
 #: the summary's keys, in the table's order
 SUMMARY_KEYS = (
     "hours", "proofs_delivered", "proofs_arrived", "target_met_hours", "queue_wait_p50_s", "queue_wait_p95_s",
@@ -120,9 +123,6 @@ def flaps(world, hold_off_min: float) -> int:
 
 def measure(reh) -> dict:
     """The result of the played rehearsal ``reh`` (see the module docstring)."""
-    from agent.models import Approval, ModelCall, Run, Step
-    from agent.policy.table import effective_limits
-
     day, w = reh.day, reh.world
     horizon = reh.horizon
     runs = Run.objects.filter(number__gte=reh.first_run)

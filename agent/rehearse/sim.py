@@ -26,9 +26,30 @@ import heapq
 import random
 from datetime import timedelta
 
+from django.conf import settings
+from django.contrib.auth.models import Group, User
+from django.db import connection
+
+from agent.actions.session import do_set_target
+from agent.model.model_client import ModelConfig
+from agent.models import Approval, Run, SessionState
+from agent.planners.llm import LlmPlanner
+from agent.planners.rules import RulesPlanner
 from agent.rehearse.day import Day, parse_day
 from agent.rehearse.events import VirtualTriggers
+from agent.rehearse.metrics import measure
+from agent.rehearse.unsafe import Checker
 from agent.rehearse.world import DayWorld
+from agent.replay.world import file_policy, set_objectives
+from agent.runtime import triggers
+from agent.runtime.approvals import DecisionError, do_decide
+from agent.runtime.loop import _settle_expired, expire_approvals, resume_run, run_cycle
+from agent.runtime.monitor_runner import monitor_tick
+from fleet import demand as demand_mod
+from fleet import providers as providers_mod
+from fleet.clock import VirtualClock, clock, use_clock
+from fleet.events import changed
+from fleet.models import Instance
 
 OPERATOR_USERNAME = "rehearsal-operator"
 #: the beat's monitor period, seconds (``agent.tasks.monitor_tick``: every 60 s)
@@ -74,13 +95,7 @@ class Operator:
 def make_planner(day: Day):
     """``RulesPlanner()``, or an ``LlmPlanner`` against the day's ``model`` (its key by reference)."""
     if day.planner == "rules":
-        from agent.planners.rules import RulesPlanner
-
         return RulesPlanner()
-    from django.conf import settings
-
-    from agent.model.model_client import ModelConfig
-    from agent.planners.llm import LlmPlanner
 
     m = settings.MODEL
     spec = day.model
@@ -95,14 +110,6 @@ def isolated_day(day: Day):
     """The rehearsal's world for the ``with`` block: virtual clock at ``start``, the day's provider
     and demand source, trigger state in memory (nothing reaches Redis or Celery), no broadcasts,
     product-default policy (``WARDEN_UNATTENDED`` ignored). Yields ``(world, triggers store)``."""
-    from django.conf import settings
-
-    from agent.runtime import triggers
-    from fleet import demand as demand_mod
-    from fleet import providers as providers_mod
-    from fleet.clock import VirtualClock, use_clock
-    from fleet.events import changed
-
     vclock = VirtualClock(day.start)
     saved_receivers = changed.receivers
     saved = {k: settings.WARDEN.get(k) for k in ("UNATTENDED", "EVENT_TRIGGERS")}
@@ -129,19 +136,12 @@ def isolated_day(day: Day):
 
 def setup(day: Day, world: DayWorld) -> None:
     """Objectives, policy and the starting fleet in the current database; the operator user."""
-    from django.contrib.auth.models import Group, User
-
-    from agent.models import SessionState
-    from agent.replay.world import file_policy, set_objectives
-    from fleet.models import Instance
-
     state = SessionState.get()
     set_objectives(state, day.objectives)
     overrides = dict(state.overrides or {})
     overrides["policy"] = {**overrides.get("policy", {}), **file_policy(day.policy)}
     state.overrides = overrides
     state.save()
-    from fleet.clock import clock
 
     now = clock.now()
     for row in world.start_fleet():
@@ -158,8 +158,6 @@ class Rehearsal:
     """One day being played (:func:`run_day` drives it)."""
 
     def __init__(self, day: Day, world: DayWorld, store: VirtualTriggers, *, progress=None, planner_factory=None):
-        from agent.models import Approval, Run
-
         self.day, self.world, self.store, self.progress = day, world, store, progress
         self.planner_factory = planner_factory or (lambda: make_planner(day))
         self.operator = Operator(day)
@@ -174,7 +172,6 @@ class Rehearsal:
         self.planners: dict[int, object] = {}
         self.target_changes = sorted(day.operator.target_changes, key=lambda c: c.at_h)
         self.no_worker_min = 0
-        from agent.rehearse.unsafe import Checker
 
         self.checker = Checker(self)
 
@@ -182,8 +179,6 @@ class Rehearsal:
     def move_to(self, t: float) -> None:
         """World and clock to ``t`` seconds since the start (the clock never goes back: a cycle
         may have slept past ``t``)."""
-        from fleet.clock import clock
-
         now = self.world.now_s()
         if t > now:
             clock.active.advance(t - now)
@@ -191,31 +186,20 @@ class Rehearsal:
 
     # --- the product's entry points ------------------------------------------------------------
     def heartbeat(self) -> None:
-        from agent.runtime.loop import run_cycle
-
         planner = self.planner_factory()
         run = run_cycle("heartbeat", planner=planner, events="take")
         self.after(run, planner)
 
     def event_run(self) -> None:
-        from agent.runtime.loop import run_cycle
-
         planner = self.planner_factory()
         run = run_cycle("event", planner=planner, events="need")
         self.after(run, planner)
 
     def monitor(self) -> None:
-        from agent.models import Run
-        from agent.runtime.monitor_runner import monitor_tick
-
         number = monitor_tick()
         self.after(Run.objects.filter(number=number).first() if number else None, None)
 
     def decide(self, pk: int) -> None:
-        from agent.models import Approval
-        from agent.runtime.approvals import DecisionError, do_decide
-        from agent.runtime.loop import _settle_expired, expire_approvals, resume_run
-
         for parked in expire_approvals():  # what the next beat would settle first
             _settle_expired(parked)
         a = Approval.objects.filter(pk=pk).select_related("run").first()
@@ -239,15 +223,11 @@ class Rehearsal:
         return (a.created_at - self.day.start).total_seconds()
 
     def set_target(self, change) -> None:
-        from agent.actions.session import do_set_target
-
         do_set_target(float(change.target_proofs_hr), f"user:{OPERATOR_USERNAME}", "rehearsal: the day's target change")
         self.markers.append({"at_s": round(change.at_h * 3600), "kind": "target", "detail": f"target {change.target_proofs_hr:g}/hr"})
 
     def after(self, run, planner) -> None:
         """After a product call: schedule the operator's answers to new approvals, check the run."""
-        from agent.models import Approval
-
         if run is not None:
             self.cycles += 1
             if planner is not None:
@@ -275,7 +255,6 @@ class Rehearsal:
         live = demand["workers_live"]
         if count and waiting and not live:
             self.no_worker_min += 1
-        from agent.models import SessionState
 
         self.samples.append({"t": w.t, "queued": demand["queued"], "backlog": demand["backlog"], "live": live,
                              "spend": w.gpu_usd + w.disk_usd, "gpu": w.gpu_usd,
@@ -288,8 +267,6 @@ class Rehearsal:
         self.sample()
         last_progress = -1.0
         while True:
-            from fleet.clock import clock
-
             mono0 = clock.monotonic() - self.world.now_s()  # monotonic at the day's start
             candidates = [(next_hb, 1, "heartbeat"), (next_mon, 2, "monitor")]
             due = self.store.next_due()
@@ -325,7 +302,6 @@ class Rehearsal:
                     self.progress(frac)
         self.move_to(self.horizon)
         self.sample(count=False)
-        from agent.models import Run
 
         final = self.checker.final(Run.objects.filter(number__gte=self.first_run))
         self.unsafe += final
@@ -340,8 +316,6 @@ def _fast_commits() -> None:
     """Commits of this connection stop waiting for the disk (PostgreSQL ``synchronous_commit=off``
     for the session, SQLite ``synchronous=OFF``): the database is a throwaway one, and a day makes
     tens of thousands of small commits."""
-    from django.db import connection
-
     with connection.cursor() as cur:
         if connection.vendor == "postgresql":
             cur.execute("SET synchronous_commit TO OFF")
@@ -360,8 +334,6 @@ def run_day(day: dict, *, progress=None, planner: str | None = None, hours: floa
     are ``agent.rehearse.metrics.SUMMARY_KEYS``). Raises ``agent.rehearse.day.DayFileError`` for an
     invalid day. Use a throwaway database: it writes runs, approvals and instances.
     """
-    from agent.rehearse.metrics import measure
-
     raw = dict(day)
     if planner is not None:
         raw["planner"] = planner

@@ -18,6 +18,9 @@ The same violation found twice (a resumed run is checked again) is reported once
 
 from __future__ import annotations
 
+from agent.models import Step
+from agent.policy.invariants import check_all, check_run
+
 
 class Checker:
     """Checks one rehearsal's records and world log after each run (:meth:`after_run`), and the
@@ -43,9 +46,6 @@ class Checker:
 
     def after_run(self, run) -> list[dict]:
         """The violations found since the last check (the run's records and the world's log)."""
-        from agent.models import Step
-        from agent.policy.invariants import check_run
-
         out: list[dict] = list(check_run(run))
         log = self.reh.world.retire_log
         for entry in log[self.retire_seen:]:
@@ -64,6 +64,4 @@ class Checker:
 
     def final(self, runs) -> list[dict]:
         """The whole day's check (``agent.policy.invariants.check_all``): what no single run shows."""
-        from agent.policy.invariants import check_all
-
         return self._new(check_all(runs))

@@ -24,6 +24,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from django.conf import settings
+
+from agent.policy.table import effective_limits
 from fleet.clock import clock
 from fleet.demand.scenario import ScenarioDemandSource
 from fleet.providers.scenario import ScenarioProvider
@@ -347,7 +350,6 @@ class DayWorld:
         mach = self.machines.get(iid)
         inst = self.provider.instances.get(iid) or {}
         live = bool(mach and mach.worker_live_at is not None and not mach.worker_dead)
-        from agent.policy.table import effective_limits
 
         limit_s = 60 * float(effective_limits().provisioning_limit_min)
         # starting: it will come up — not stuck, and not loading past the provisioning limit (the
@@ -618,8 +620,6 @@ class DayWorld:
         ``queued``: queue rows plus tasks a dead worker still owns; ``backlog``: due sealing
         sectors with no queue row plus those due within the loading time.
         """
-        from django.conf import settings
-
         grace = float(settings.WARDEN["STARTUP_GRACE_S"])
         fleet, expected, live, running = [], 0, 0, 0
         for mach in self.machines.values():

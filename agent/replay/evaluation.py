@@ -33,9 +33,31 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+import openai
+from django.conf import settings
+from django.db.models import Count, Q, Sum
+
 from agent.chat.chat_answer import FALLBACK_NOTE
+from agent.model.model_client import ModelConfig, public_url
+from agent.models import Approval, ModelCall, ModelEvaluation, Step
+from agent.planners.llm import LlmPlanner
+from agent.planners.script import ScriptPlanner
+from agent.policy.invariants import check_all
 from agent.replay.file_format import ScenarioFileError, load_scenario
+from agent.replay.report import (
+    OUTCOMES_DISPATCHED,
+    OUTCOMES_EXECUTED,
+    _match_list,
+    args_agree,
+    build_report,
+    flat_calls,
+)
 from agent.replay.run import Replay
+from agent.replay.world import isolated, setup_world
+from agent.runtime.loop import resume_run
+from agent.runtime.tools import TOOLS
+from fleet.clock import clock
+from fleet.secrets import SecretReferenceError, redact, resolve
 
 #: the tools that change the fleet: what "right" compares
 FLEET_TOOLS = ("launch_instance", "stop_instance", "resume_instance", "reboot_instance", "destroy_instance")
@@ -61,8 +83,6 @@ class Case:
 
 def suite_dir() -> Path:
     """The project's own incident scenarios (``tests/scenarios/``)."""
-    from django.conf import settings
-
     return Path(settings.BASE_DIR) / "tests" / "scenarios"
 
 
@@ -119,11 +139,6 @@ def probe(cfg) -> None:
     """One short request to the server before any case runs, so bad input is one line, not a
     column of crashes. Raises :class:`EvaluationInputError` when the key reference cannot be
     resolved, the server does not answer, refuses the key or refuses the model name."""
-    import openai
-
-    from agent.model.model_client import public_url
-    from fleet.secrets import SecretReferenceError, redact, resolve
-
     url = public_url(cfg.base_url)
 
     try:
@@ -156,8 +171,6 @@ def probe(cfg) -> None:
 
 
 def _error_message(exc) -> str:
-    from fleet.secrets import redact
-
     body = getattr(exc, "body", None)
     msg = ""
     if isinstance(body, dict):
@@ -213,22 +226,14 @@ class ModelReplay(Replay):
         self.cfg = cfg
 
     def planner_for(self, cycle: int):
-        from agent.planners.llm import LlmPlanner
-        from agent.planners.script import ScriptPlanner
-
         return LlmPlanner(self.cfg) if cycle == 0 else ScriptPlanner([])
 
     def resume(self, runs) -> None:
-        from agent.runtime.loop import resume_run
-
         for run in runs:
             run.refresh_from_db()
             self.last_run = resume_run(run, planner=self.planners.get(run.pk) or self.planner_for(1)) or run
 
     def decide_at(self, n: int, m) -> None:
-        from agent.models import Approval
-        from agent.replay.report import args_agree
-
         resume: dict[int, object] = {}
         for d in m.operator.decisions:
             waiting = Approval.objects.filter(run__in=self.runs(), tool=d.tool, status="waiting").select_related("run")
@@ -241,9 +246,6 @@ def run_case(case: Case, cfg) -> dict:
     """Play ``case`` with the model ``cfg`` in the *current* database (a fresh one: the command
     gives every case its own) and score it (:func:`score_case`). A case that crashes is scored as
     a crash (``crash``: the exception's last line; not safe, not right), never skipped."""
-    from agent.replay.report import build_report
-    from agent.replay.world import isolated, setup_world
-
     t0 = time.monotonic()
     report, replay, crash, sc, raw = None, None, "", None, None
     try:
@@ -290,8 +292,6 @@ def must_refuse(sc, raw: dict) -> list[tuple[str, dict]]:
     (tool and arguments) of a side-effect tool its ``expect.never_executed`` names. The case was
     written about those calls; another call of the same tool (another instance), or a tool only
     the ``rules`` planner would have left alone, is judged by the invariants alone."""
-    from agent.runtime.tools import TOOLS
-
     expect = sc.expect
     if expect is None or not raw:
         return []
@@ -307,12 +307,6 @@ def score_case(case: Case, sc, replay, report: dict | None, *, crash: str = "", 
     {code: n}, "steps", "halts", "halts_by": {reason: n}, "text_turns", "invalid_args", "forged",
     "fallbacks", "model_calls", "tokens_in", "tokens_out", "tokens", "tokens_estimated",
     "cost_usd", "wall_s"}``."""
-    from django.db.models import Count, Q, Sum
-
-    from agent.models import ModelCall, Step
-    from agent.policy.invariants import check_all
-    from agent.replay.report import OUTCOMES_DISPATCHED, OUTCOMES_EXECUTED, _match_list, args_agree, flat_calls
-
     out = {"case": case.name, "source": case.source, "crash": crash, "violations": [], "dispatched_forbidden": [],
            "right_problems": [], "refusals": {}, "halts_by": {}}
     runs = list(replay.runs().order_by("number")) if replay is not None else []
@@ -370,9 +364,6 @@ def _spread(values: list[float]) -> dict:
 def standing():
     """The active model's newest :class:`agent.models.ModelEvaluation` (same model name and
     shown base URL as the settings), or ``None`` (no model configured, or never evaluated)."""
-    from agent.model.model_client import ModelConfig, public_url
-    from agent.models import ModelEvaluation
-
     cfg = ModelConfig.from_settings()
     if cfg is None:
         return None
@@ -420,7 +411,6 @@ def summarize(results: list[dict], *, model: str, base_url: str, repeat: int = 1
         total[col] = int(sum(int(r.get(col) or 0) for r in results))
     total["cost_usd"] = round(sum(float(r.get("cost_usd") or 0) for r in results), 6)
     total["wall_s"] = round(sum(float(r.get("wall_s") or 0) for r in results), 2)
-    from agent.model.model_client import public_url
 
     return {"model": model, "base_url": public_url(base_url), "repeat": repeat, "cases": cases, "summary": total}
 
@@ -476,9 +466,6 @@ def format_table(ev: dict) -> str:
 def store(ev: dict):
     """Save the evaluation ``ev`` (:func:`summarize`'s shape) as a :class:`agent.models.ModelEvaluation`
     and return it."""
-    from agent.models import ModelEvaluation
-    from fleet.clock import clock
-
     s = ev["summary"]
     return ModelEvaluation.objects.create(
         model=ev["model"][:120], base_url=ev["base_url"][:500], created_at=clock.now(), repeat=ev["repeat"],

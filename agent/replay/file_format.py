@@ -46,9 +46,13 @@ from pydantic import (
     model_validator,
 )
 
+from agent.actions.settings import OverrideError, validate_overrides
 from agent.policy.limits import LIMIT_RANGES, MAX_LIFECYCLE_MIN, MAX_TARGET_PROOFS_HR, Limits
+from agent.policy.table import PRIORITIES
 from agent.policy.tool_specs import MAX_BATCH_CALLS
+from agent.runtime.tools import PUBLIC_TOOLS, TOOLS
 from fleet.numbers import NumberError, parse_number
+from fleet.providers.scenario import EFFECT_CALLS, normalize_call
 
 MAX_FILE_BYTES = 32 * 1024 * 1024
 MAX_DEPTH = 64
@@ -110,8 +114,6 @@ def _unknown(what: str, value: str, known, why: str) -> ValueError:
 
 
 def _known_tool(tool: str, why: str = "a typo here would make the expectation always hold") -> str:
-    from agent.runtime.tools import PUBLIC_TOOLS
-
     if tool not in PUBLIC_TOOLS:
         raise _unknown("tool", tool, PUBLIC_TOOLS, why)
     return tool
@@ -277,8 +279,6 @@ class HistoryEntry(_Strict):
 
     @model_validator(mode="after")
     def _names_its_instance(self):
-        from agent.runtime.tools import TOOLS
-
         if self.instance is None and TOOLS[self.tool].instance_arg:
             raise FieldProblem("instance", f"{self.tool} acts on one instance; name it (an id of fleet)")
         return self
@@ -392,8 +392,6 @@ class FaultSpec(_Strict):
 
     @model_validator(mode="after")
     def _call_ok(self):
-        from fleet.providers.scenario import EFFECT_CALLS, normalize_call
-
         call = normalize_call(self.call, self.error)
         if self.after_effect and call not in EFFECT_CALLS:
             raise ValueError(f"after_effect applies to launch, stop, resume, reboot or destroy, not {self.call!r}")
@@ -572,8 +570,6 @@ def check_objectives(v: dict) -> dict:
     numbers ``offline_grace_min`` … at most 10^6 minutes); ``target_proofs_hr`` at most
     ``MAX_TARGET_PROOFS_HR`` (10^6, the operator's cap).
     """
-    from agent.actions.settings import OverrideError, validate_overrides
-
     allowed = set(Limits.model_fields)
     for key, value in v.items():
         if key not in allowed:
@@ -664,9 +660,6 @@ class Scenario(_Strict):
     @field_validator("policy")
     @classmethod
     def _policy_keys(cls, v: dict) -> dict:
-        from agent.policy.table import PRIORITIES
-        from agent.runtime.tools import PUBLIC_TOOLS
-
         for key in v:
             tool, _, qual = key.partition(":")
             ok = tool in PUBLIC_TOOLS and (not qual or qual == "monitor" or (tool == "launch_instance" and qual in PRIORITIES))

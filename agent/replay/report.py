@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 
+from agent.models import Approval, Step
 from agent.replay.file_format import (
     CallExpect,
     ExpectSpec,
 )
+from fleet.models import Alert
 
 OUTCOMES_EXECUTED = {"executed", "approved_executed"}
 
@@ -59,9 +61,6 @@ def build_report(runs, *, name: str = "", cycle_marks: list[tuple[int, int]] = (
     facts}`` (launches) and ``need: {workers, capacity}`` as the runtime scored it. ``final_report`` is ``last``'s (default: the last
     run's).
     """
-    from agent.models import Approval, Step
-    from fleet.models import Alert
-
     runs = list(runs)
     steps = list(Step.objects.filter(run__in=runs, kind__in=["call", "text"]).order_by("pk"))
     approvals = {a.step_id: a for a in Approval.objects.filter(run__in=runs)}

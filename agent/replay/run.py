@@ -4,6 +4,14 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from django.conf import settings
+
+from agent.model.model_client import ModelConfig
+from agent.model.model_standin import StandIn
+from agent.models import Approval, Run, SessionState, Step
+from agent.planners.llm import LlmPlanner
+from agent.planners.rules import RulesPlanner
+from agent.planners.script import ScriptPlanner
 from agent.replay.file_format import (
     Moment,
     Scenario,
@@ -11,6 +19,9 @@ from agent.replay.file_format import (
 )
 from agent.replay.report import args_agree, build_report, match_expect
 from agent.replay.world import OPERATOR_USERNAME, isolated, set_objectives, setup_world
+from agent.runtime.approvals import DecisionError, do_decide
+from agent.runtime.loop import _settle_expired, expire_approvals, resume_run, run_cycle
+from agent.runtime.tools import canonical_json
 
 
 def make_planner(sc: Scenario, raw: dict, *, cycle: int = 0):
@@ -18,16 +29,10 @@ def make_planner(sc: Scenario, raw: dict, *, cycle: int = 0):
     cycle 0, nothing later), ``RulesPlanner()``, or for ``llm`` an ``LlmPlanner`` against a
     stand-in server playing ``model_responses`` in cycle 0 (nothing later)."""
     if sc.planner == "script":
-        from agent.planners.script import ScriptPlanner
-
         return ScriptPlanner(raw["steps"] if cycle == 0 else [])
     if sc.planner == "rules":
-        from agent.planners.rules import RulesPlanner
-
         return RulesPlanner()
     if cycle > 0:  # like `script`: the recorded responses belong to cycle 0 (and its resumes)
-        from agent.planners.script import ScriptPlanner
-
         return ScriptPlanner([])
     return llm_planner(sc.model_responses or [])
 
@@ -40,12 +45,6 @@ def llm_planner(responses: list):
     """An ``LlmPlanner`` pointed at a fresh :class:`agent.model.model_standin.StandIn` playing
     ``responses`` — the console's code path, the HTTP wire format included. The stand-in is the
     planner's ``standin`` attribute; :func:`run_scenario` stops it."""
-    from django.conf import settings
-
-    from agent.model.model_client import ModelConfig
-    from agent.model.model_standin import StandIn
-    from agent.planners.llm import LlmPlanner
-
     standin = StandIn(responses).start()
     m = settings.MODEL
     planner = LlmPlanner(ModelConfig(base_url=standin.base_url, model="standin", timeout_s=REPLAY_MODEL_TIMEOUT_S,
@@ -57,8 +56,6 @@ def llm_planner(responses: list):
 
 def _turn_index(runs) -> dict[tuple[int, int], int]:
     """(run id, turn) of each agent planner turn -> index into the file's ``steps`` (in order)."""
-    from agent.models import Step
-
     turns = (
         Step.objects.filter(run__in=runs, actor="agent", kind__in=["call", "text"], turn__isnull=False)
         .order_by("run__number", "turn")
@@ -93,8 +90,6 @@ class Replay:
     """
 
     def __init__(self, sc: Scenario, raw: dict, provider, *, path: str = ""):
-        from agent.models import Run
-
         self.sc, self.raw, self.provider, self.path = sc, raw, provider, path
         self.first = (Run.objects.order_by("-number").values_list("number", flat=True).first() or 0) + 1
         self.planners: dict[int, object] = {}
@@ -106,20 +101,14 @@ class Replay:
         self.seen: set[int] = set()  # approvals the top-level operator already answered (or left)
 
     def runs(self):
-        from agent.models import Run
-
         return Run.objects.filter(number__gte=self.first)
 
     def mark(self, cycle: int) -> None:
-        from agent.models import Step
-
         last = Step.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
         self.cycle_marks.append((last, cycle))
 
     def heartbeat(self, cycle: int) -> None:
         """One observe cycle (observe, monitor, planner), then the top-level operator's answers."""
-        from agent.runtime.loop import run_cycle
-
         planner = self.planner_for(cycle)
         run = run_cycle("replay", planner=planner)
         if run is None:
@@ -137,9 +126,6 @@ class Replay:
 
     def answer_top_level(self) -> None:
         """Answer approvals parked in this cycle as the file's top-level ``operator`` says, resume."""
-        from agent.models import Approval
-        from agent.runtime.approvals import do_decide
-
         for _ in range(100):
             waiting = [
                 a for a in Approval.objects.filter(run__in=self.runs(), status="waiting").select_related("step")
@@ -160,8 +146,6 @@ class Replay:
             self.resume(decided.values())
 
     def resume(self, runs) -> None:
-        from agent.runtime.loop import resume_run
-
         for run in runs:
             run.refresh_from_db()
             planner = self.planners.get(run.pk) or make_planner(self.sc, self.raw, cycle=1)
@@ -169,9 +153,6 @@ class Replay:
 
     def moment(self, n: int, m: Moment) -> None:
         """Timeline moment ``n`` (cycle ``n + 1``): clock, demand, fleet, objectives, decisions, cycle."""
-        from agent.models import SessionState
-        from agent.runtime.loop import _settle_expired, expire_approvals
-
         world = self.provider.world
         world.move_to(self.sc.now + timedelta(minutes=m.at_min))
         if m.demand is not None:
@@ -196,9 +177,6 @@ class Replay:
         Raises :class:`ScenarioFileError` for a decision naming a call that was never parked, or
         one that fits several waiting calls with different arguments (give ``args`` keys).
         """
-        from agent.models import Approval
-        from agent.runtime.tools import canonical_json
-
         resume: dict[int, object] = {}
         for k, d in enumerate(m.operator.decisions):
             where = f"{self.path or self.sc.name}: timeline[{n}].operator.decisions[{k}]"
@@ -220,8 +198,6 @@ class Replay:
         """Answer each of ``approvals`` with decision ``d`` (a timeline moment's, as the replay
         operator); the runs of those decided are added to ``resume`` (run pk → run). An approval
         that can no longer be decided (``DecisionError``: expired or voided meanwhile) is skipped."""
-        from agent.runtime.approvals import DecisionError, do_decide
-
         for a in approvals:
             self.seen.add(a.pk)
             try:

@@ -23,7 +23,9 @@ from pydantic import ValidationError
 
 from agent.models import Run, SessionState
 from agent.policy.limits import FROM_ENV
+from agent.policy.table import PRIORITIES, effective_limits, effective_policy
 from agent.replay.file_format import Scenario
+from agent.runtime.tools import PUBLIC_TOOLS
 from fleet.models import AuditLog, Diagnosis, Instance
 from fleet.secrets import redact, redact_obj
 
@@ -130,9 +132,6 @@ def _history(now, fleet_ids: set) -> list[dict]:
 
 
 def _policy(table: dict) -> dict:
-    from agent.policy.table import PRIORITIES
-    from agent.runtime.tools import PUBLIC_TOOLS
-
     out = {}
     for key, value in table.items():
         tool, _, qual = key.partition(":")
@@ -191,8 +190,6 @@ def export_run(run: Run) -> dict:
 
     Raises :class:`ScenarioExportError` when the run has no observation or the file would not pass
     the file format's checks (the message names the field)."""
-    from agent.policy.table import effective_limits, effective_policy
-
     summary, observed_at = _observation(run)
     now = observed_at or run.started_at
     state = _state_then(now)

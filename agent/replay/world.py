@@ -5,9 +5,21 @@ from __future__ import annotations
 import contextlib
 from datetime import timedelta
 
+from django.conf import settings
+from django.contrib.auth.models import Group, User
+
+from agent.models import SessionState, SideEffect
+from agent.policy.table import DEFAULT_POLICY
 from agent.replay.file_format import (
     Scenario,
 )
+from fleet import demand as demand_mod
+from fleet import providers as providers_mod
+from fleet.clock import VirtualClock, clock, use_clock
+from fleet.demand.scenario import ScenarioDemandSource
+from fleet.events import changed
+from fleet.models import AuditLog, Diagnosis, Instance
+from fleet.providers.scenario import FaultBook, ScenarioProvider
 
 OPERATOR_USERNAME = "replay-operator"
 
@@ -22,12 +34,6 @@ def setup_world(sc: Scenario, provider) -> None:
     instance's destroy- or stop-requested time), the session anchor's objectives, policy
     overrides and observe-only switch. Also an operator user who answers approvals.
     """
-    from django.contrib.auth.models import Group, User
-
-    from agent.models import SessionState, SideEffect
-    from fleet.clock import clock
-    from fleet.models import AuditLog, Diagnosis, Instance
-
     now = clock.now()
     state = SessionState.get()
     set_objectives(state, sc.objectives)
@@ -107,8 +113,6 @@ def file_policy(policy: dict) -> dict:
     priority key of that tool the file does not name (``launch_instance: approval`` also covers
     ``:P0``). ``TOOL:monitor`` keys are left alone: the monitor keeps its own default unless the
     file names that key (``forbidden`` on ``TOOL`` binds it anyway, in the pipeline)."""
-    from agent.policy.table import DEFAULT_POLICY
-
     out = dict(policy)
     for key in DEFAULT_POLICY:
         tool, _, qual = key.partition(":")
@@ -171,15 +175,6 @@ def isolated(sc: Scenario):
     demand source, no broadcasts (the ``changed`` signal's receivers are detached), no Celery
     broker, product-default policy (``WARDEN_UNATTENDED`` ignored). Yields the provider (its
     :class:`World` is its ``world`` attribute)."""
-    from django.conf import settings
-
-    from fleet import demand as demand_mod
-    from fleet import providers as providers_mod
-    from fleet.clock import VirtualClock, use_clock
-    from fleet.demand.scenario import ScenarioDemandSource
-    from fleet.events import changed
-    from fleet.providers.scenario import FaultBook, ScenarioProvider
-
     vclock = VirtualClock(sc.now)
     saved_receivers = changed.receivers
     saved_unattended = settings.WARDEN.get("UNATTENDED")

@@ -8,6 +8,7 @@ guards run again and the idempotency claim makes the side effect run at most onc
 
 from django.db import transaction
 
+from agent.memory.store import remember
 from agent.models import Approval
 from fleet.audit import do_audit
 from fleet.clock import clock
@@ -53,8 +54,6 @@ def remember_rejection(approval: Approval, actor: str, comment: str, when) -> No
     """Record an operator's rejection in the agent's memory (docs/agent.md, Memory): category
     ``rejection``, key ``TOOL INSTANCE``. The guard ``rejected_recently`` (``agent.policy.lifecycle``)
     is what enforces it; the fact lets every planner (and the model) know why."""
-    from agent.memory.store import remember
-
     target = (approval.args or {}).get("instance_id") or "any instance"
     remember("rejection", f"{approval.tool} {target}",
              f"{actor} rejected {approval.tool} on {target} at {when:%Y-%m-%d %H:%M} UTC: {comment}",

@@ -37,6 +37,7 @@ row gives way to its fallback or a halt):
 The state is rebuilt from the run's persisted steps, so a resumed run keeps its counts.
 """
 
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -165,8 +166,6 @@ class BreakerState:
 
 def _error_message(s: Step) -> str:
     """An error's message without the call's arguments (so different ids compare equal)."""
-    import re
-
     msg = s.detail or ""
     if s.args:
         for v in s.args.values():

@@ -14,12 +14,23 @@ redacted; it never holds a secret.
 
 import json
 import logging
+import time
 
-from celery import current_app
+from celery import current_app, group
+from django.conf import settings
+from django.db import connection
 from pydantic import ValidationError
 
+from agent.model.model_client import ModelConfig, ModelError, chat
 from fleet.audit import do_audit
+from fleet.clock import clock
+from fleet.demand import read_demand
 from fleet.diagnostics import Verdict, diagnose, diagnose_many
+from fleet.events import emit
+from fleet.models import Diagnosis, Instance
+from fleet.secrets import SecretReferenceError
+from fleet.ssh import CONNECT_TIMEOUT_S
+from fleet.untrusted import as_data
 
 log = logging.getLogger(__name__)
 
@@ -52,10 +63,6 @@ def model_judge(evidence: dict, *, instance=None, worker=None, rules: Verdict | 
     """The configured model's :class:`~fleet.diagnostics.Verdict` on ``evidence``, or ``None``
     (no model configured, the call failed, or the answer is not a valid verdict: the rules'
     verdict stands). Never raises for the model's failure."""
-    from agent.model.model_client import ModelConfig, ModelError, chat
-    from fleet.secrets import SecretReferenceError
-    from fleet.untrusted import as_data
-
     cfg = ModelConfig.from_settings()
     if cfg is None:
         return None
@@ -85,8 +92,6 @@ def model_judge(evidence: dict, *, instance=None, worker=None, rules: Verdict | 
 def judge_fn():
     """The judge to hand ``fleet.diagnostics.diagnose``: :func:`model_judge` when a model is
     configured, else ``None`` (the rules alone)."""
-    from agent.model.model_client import ModelConfig
-
     return model_judge if ModelConfig.from_settings() is not None else None
 
 
@@ -107,11 +112,6 @@ def prefetch(world, instance_ids: list, *, timeout_s: float = 30) -> int:
     (:func:`diagnose_fanout`). Each call then takes its instance's verdict from
     ``world.prefetched`` instead of collecting again. Returns how many were prefetched; never
     raises (a call whose instance was not prefetched collects on its own)."""
-    from django.db import connection
-
-    from fleet.clock import clock
-    from fleet.models import Instance
-
     ids = list(dict.fromkeys(i for i in instance_ids if isinstance(i, str)))
     if len(ids) < 2 or clock.virtual or connection.in_atomic_block:
         # replay (virtual time) stays deterministic, one call after another; inside a transaction
@@ -143,8 +143,6 @@ FANOUT_CHUNK = 8
 
 def fanout_enabled() -> bool:
     """WARDEN_DIAGNOSE_FANOUT (``settings.WARDEN["DIAGNOSE_FANOUT"]``): fan diagnoses out across Celery workers."""
-    from django.conf import settings
-
     return bool(settings.WARDEN.get("DIAGNOSE_FANOUT"))
 
 
@@ -163,15 +161,6 @@ def diagnose_fanout(instances, *, workers: dict | None = None, timeout_s: float 
     keeps the run lock meanwhile: the tasks diagnose, they change nothing in the fleet. Returns the
     diagnoses found, in ``instances`` order; an instance no task answered for in time is missing
     (its call collects on its own)."""
-    import time
-
-    from celery import group
-    from django.db import connection
-
-    from fleet.clock import clock
-    from fleet.models import Diagnosis
-    from fleet.ssh import CONNECT_TIMEOUT_S
-
     started = clock.now()
     pks = [i.pk for i in instances]
     views = {str(pk): _worker_dict((workers or {}).get(pk)) for pk in pks}
@@ -196,8 +185,6 @@ def _worker_of(inst):
     or ``None`` when the source does not know it or cannot be read. The agent's diagnoses get it from
     the cycle's observation; an operator's "Diagnose now" reads it here, so a live worker with no
     SSH evidence is not judged "no heartbeat known" (nor a stale one healthy)."""
-    from fleet.demand import read_demand
-
     reading = read_demand([inst])
     return (getattr(reading, "workers", None) or {}).get(inst.worker_name or inst.external_id)
 
@@ -206,8 +193,6 @@ def do_diagnose(inst, *, actor: str):
     """An operator's "Diagnose now": diagnose ``inst``, write the audit row with the verdict, and
     announce ``fleet-changed``. Returns the ``Diagnosis``. Raises ``ValueError`` for a killed
     instance (nothing to reach)."""
-    from fleet.events import emit
-
     if inst.killed_at is not None:
         raise ValueError(f"{inst.external_id} is gone ({inst.kill_reason or 'killed'}); nothing to diagnose")
     d = diagnose_instance(inst, worker=_worker_of(inst))

@@ -11,15 +11,26 @@ A parked run releases the lock; :func:`resume_run` continues it once its approva
 Every step is persisted as it happens.
 """
 
+import json
 import logging
 
+from django.conf import settings
+
+from agent.actions.runs import do_post_message
+from agent.chat.chat_answer import with_rails_note
+from agent.chat.chat_stream import ChatStream
 from agent.chat.verdicts import has_verdict_block, parse_verdict
+from agent.model.model_client import ModelConfig
 from agent.models import Approval, Run, SessionState, Step
+from agent.planners.llm import LlmPlanner
+from agent.planners.rules import RulesPlanner
 from agent.policy.table import effective_limits, effective_policy
 from agent.runtime import triggers
 from agent.runtime.approvals import undispatched
 from agent.runtime.breakers import Halt
+from agent.runtime.monitor_runner import run_monitor
 from agent.runtime.observe import observe, void_gone_approvals
+from agent.runtime.pipeline import dispatch_approved, process_turn
 from agent.runtime.runs import (
     RunBusy,
     TurnContext,
@@ -32,6 +43,7 @@ from agent.runtime.runs import (
     release_lock,
     turn_context,
 )
+from fleet.alerts import raise_alert, resolve
 from fleet.clock import clock
 from fleet.events import emit
 from fleet.secrets import redact
@@ -46,18 +58,11 @@ def default_planner(run: Run | None = None):
     """The configured planner: ``llm`` when a model is configured (WARDEN_MODEL_BASE_URL and
     WARDEN_MODEL), else the built-in ``rules`` policy. The one place the choice is made. For a
     ``chat`` run the model's answer streams to the console (``agent.chat.chat_stream``)."""
-    from agent.model.model_client import ModelConfig
-
     config = ModelConfig.from_settings()
     if config is not None:
-        from agent.planners.llm import LlmPlanner
-
         if run is not None and run.trigger == "chat":
-            from agent.chat.chat_stream import ChatStream
-
             return LlmPlanner(config, on_delta=ChatStream(run.number))
         return LlmPlanner(config)
-    from agent.planners.rules import RulesPlanner
 
     return RulesPlanner()
 
@@ -77,8 +82,6 @@ def run_cycle(trigger: str, *, message: str | None = None, actor: str = "system"
     released.
     """
     if message:
-        from agent.actions.runs import do_post_message
-
         do_post_message(message, actor)
     token = acquire_lock()
     if token is None:
@@ -120,8 +123,6 @@ def _lock_bound_s(limits) -> float:
     """How long the run lock of a run under ``limits`` is renewed: its wall clock plus one tool
     timeout and one model request with its retries (three attempts of WARDEN_MODEL_TIMEOUT_S
     and their backoff): a call that started just before the wall clock may still finish."""
-    from django.conf import settings
-
     model_s = 3 * float(settings.MODEL.get("TIMEOUT_S") or 60) + 3
     return float(limits.wall_clock_s) + float(limits.tool_timeout_s) + model_s
 
@@ -160,7 +161,6 @@ def resume_run(run: Run, *, planner=None) -> Run:
         if run.status != "parked":
             return run
         tc = turn_context(run, world, limits, state)
-        from agent.runtime.pipeline import dispatch_approved
 
         # decisions can land while an approved call executes: take them until none is left, and
         # stay parked while any parked step is still undecided (its own resume task follows)
@@ -224,22 +224,16 @@ def _decided(step: Step, outcome: str, code: str, detail: str) -> None:
 
 
 def _json(obj) -> str:
-    import json
-
     return json.dumps(obj, default=str, sort_keys=True)
 
 
 def _run_monitor(tc: TurnContext) -> None:
     """The monitor's lifecycle rules, before the planner's turns (docs/contract.md, The cycle, step 2)."""
-    from agent.runtime.monitor_runner import run_monitor
-
     run_monitor(tc)
 
 
 def _drive(tc: TurnContext, planner) -> None:
     """Ask the planner for turns until it answers, halts, parks, or runs out."""
-    from agent.runtime.pipeline import process_turn
-
     run = tc.run
     run.planner = getattr(planner, "name", run.planner)  # the planner that plans it (saved at close)
     halt = None
@@ -310,20 +304,15 @@ def _drive(tc: TurnContext, planner) -> None:
         run.final_answer = redact(planner.chat_answer(tc))[:8000]
     if run.trigger == "chat" and planner.name == "llm" and getattr(planner, "fallback", None) is None:
         # what the rails refused or parked is said in the runtime's words, not left to the model's
-        from agent.chat.chat_answer import with_rails_note
-
         run.final_answer = with_rails_note(run.final_answer, tc.call_steps())[-8000:]
     if halt is not None:
         run.status = "halted"
         run.halt_reason, run.halt_detail = halt.code, redact(halt.detail)
-        from fleet.alerts import raise_alert
 
         # one alert per condition (the halt code), its count growing while runs keep halting so
         raise_alert("breaker_tripped", f"run {run.number} halted: {halt.code} — {halt.detail}", severity="P2",
                     key=f"{BREAKER_KEY}{halt.code}", recurring=True)
     elif run.status == "done":
-        from fleet.alerts import resolve
-
         resolve(BREAKER_KEY, prefix=True)  # a run finished clean: the halting has ended
     close_run(run)
 

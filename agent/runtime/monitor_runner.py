@@ -10,21 +10,24 @@ close) comes from ``agent.runtime.runs``, as the loop's does. They are recorded 
 with actor ``monitor`` (no planner turn) and appear in the Actions tab through the audit log.
 """
 
+from agent.models import Approval, SessionState
 from agent.policy.claims import our_launch_labels
 from agent.policy.guards import check as guard_check
 from agent.policy.lifecycle import forced_approval
-from agent.policy.table import is_forbidden, policy_for
+from agent.policy.table import effective_limits, effective_policy, is_forbidden, policy_for
+from agent.runtime import triggers
+from agent.runtime.observe import observe
 from agent.runtime.pipeline import Decision, _finish, execute, idempotency_key, park, run_injected
 from agent.runtime.runs import RunBusy, acquire_lock, claim_run, close_run, release_lock, turn_context
 from agent.runtime.tools import TOOLS
 from fleet.alerts import raise_alert
+from fleet.machines import remember_failure
+from fleet.models import Instance
 from fleet.monitor import decide
 
 
 def monitor_actions(world) -> list:
     """``fleet.monitor.decide`` less the actions already waiting for an operator (not re-proposed)."""
-    from agent.models import Approval
-
     waiting = {(a.tool, (a.args or {}).get("instance_id")) for a in Approval.objects.filter(status="waiting")}
     return [a for a in decide(world, our_launch_labels) if (a.tool, a.args.get("instance_id")) not in waiting]
 
@@ -42,16 +45,12 @@ def run_monitor(tc) -> int:
             raise_alert(act.alert[0], f"{act.alert[1]}; the monitor's {act.tool}: {what}", severity="P1",
                         key=f"{act.alert[0]}:{act.args['instance_id']}")
     if actions:  # one query: what the monitor destroyed is gone from the cycle's view
-        from fleet.models import Instance
-
         tc.world.set_instances(list(Instance.objects.filter(pk__in=[i.pk for i in tc.world.instances], killed_at__isnull=True)))
     return len(actions)
 
 
 def _remember_machine(world, act) -> None:
     """A terminal instance's machine is left out of later offers (``fleet.machines``)."""
-    from fleet.machines import remember_failure
-
     inst = world.instance(act.args["instance_id"])
     if inst is not None:
         remember_failure(inst, act.args["reason"])
@@ -85,11 +84,6 @@ def monitor_tick() -> int | None:
 
     Returns the run number, or ``None`` when there was nothing to do or the lock was held.
     """
-    from agent.models import SessionState
-    from agent.policy.table import effective_limits, effective_policy
-    from agent.runtime import triggers
-    from agent.runtime.observe import observe
-
     token = acquire_lock(sees_events=False)  # what its observe finds starts a planner run after it
     if token is None:
         return None

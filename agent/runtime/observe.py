@@ -9,19 +9,30 @@ provider fields) and the voiding of approvals whose instance is gone (``target_g
 clears.
 """
 
+import logging
 from datetime import timedelta
 
+from django.conf import settings
 from tenacity import RetryError, Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
+from agent.models import Approval, Run
+from agent.policy.claims import settle_claims
 from agent.policy.table import Limits
+from agent.runtime.runs import close_run
 from fleet.alerts import raise_alert, resolve
 from fleet.clock import clock
+from fleet.cordon import reapply
+from fleet.cost import record_fleet_sample
 from fleet.demand import DemandReading, read_demand
 from fleet.diagnostics import unreachable_alerts
 from fleet.events import emit
+from fleet.lifecycle import blind, starving, worker_live
 from fleet.models import Alert, DemandSample, Diagnosis, Instance
+from fleet.proof_cost import record_proof_credits
 from fleet.providers import ProviderError
 from fleet.secrets import redact
+from fleet.sync import sync_instances
+from fleet.untrusted import raise_instance_injection, scan_instance
 
 
 def _transient(exc: BaseException) -> bool:
@@ -216,8 +227,6 @@ def read_and_record_demand(instances) -> DemandReading:
                 **{k: getattr(reading, k) for k in ("proof_s_by_gpu", "proof_s_by_worker") if getattr(reading, k)}},
     )
     if reading.history_at is not None:  # Curio's task history was read: credit its new proofs
-        from fleet.proof_cost import record_proof_credits
-
         record_proof_credits(reading.new_proofs, instances, read_at=reading.history_at)
     if reading.node_identity:
         who = "; ".join(f"{x['instance']}: {x['why']}" for x in reading.node_identity[:5])
@@ -246,9 +255,6 @@ def read_and_record_demand(instances) -> DemandReading:
 def observe(limits: Limits, policy: dict) -> World:
     """Settle doubtful side-effect claims (``agent.policy.claims.settle_claims``), read the fleet (with
     retries) and demand, record a ``FleetSample``; returns the cycle's :class:`World`."""
-    from agent.policy.claims import settle_claims
-    from fleet.sync import sync_instances
-
     settle_claims(limits.claim_max_age_min)  # open claims whose worker died or that are too old
     provider_error = ""
     try:
@@ -259,18 +265,13 @@ def observe(limits: Limits, policy: dict) -> World:
         raise_alert("provider_error", f"provider read failed: {provider_error}", severity="P1")
         instances = list(Instance.objects.filter(killed_at__isnull=True))
     try:
-        from fleet.cordon import reapply
-
         reapply(instances)  # a worker that re-registered has lost Warden's cordon
     except Exception as exc:  # noqa: BLE001 — the demand read below reports a broken harmony database
-        import logging
-
         logging.getLogger(__name__).warning("cordon re-application failed: %s", exc)
     demand = read_and_record_demand(instances)
     world = World(instances, demand, limits, policy)
     world.provider_error = provider_error
     lifecycle_alerts(world)
-    from fleet.cost import record_fleet_sample
 
     record_fleet_sample(world.instances, limits.target_proofs_hr)  # the Machine Performance charts
     return world
@@ -295,11 +296,6 @@ def lifecycle_alerts(world: World) -> None:
     text is gone from it; and every instance-scoped kind when its instance is destroyed
     (:func:`end_gone_episodes`).
     """
-    from django.conf import settings
-
-    from fleet.lifecycle import blind, starving, worker_live
-    from fleet.untrusted import scan_instance
-
     startup_grace = timedelta(seconds=settings.WARDEN["STARTUP_GRACE_S"])
     # one query for the episodes already open: an open alert is not raised again and only an open
     # one is resolved, so the loop below queries nothing per instance in a steady fleet
@@ -311,7 +307,6 @@ def lifecycle_alerts(world: World) -> None:
         hits = scan_instance(inst)
         if hits:
             world.injection += [f"{inst.external_id} {name}: {frag[:120]}" for name, frag in hits]
-            from fleet.untrusted import raise_instance_injection
 
             raise_instance_injection(inst.external_id, hits)
         key = f"instance_exited:{inst.external_id}"
@@ -379,8 +374,6 @@ def end_gone_episodes(world: World, open_keys: set[str]) -> int:
     and a run's ``prompt_injection`` (``prompt_injection:<run>:<tool>``) once that run closed.
     ``open_keys``: the open alert keys of :data:`INSTANCE_KINDS` (one query, by the caller); at
     most two more queries, whatever the fleet's size. Returns how many keys were resolved."""
-    from agent.models import Run
-
     live = {i.external_id for i in world.instances if i.killed_at is None}
     by_id = {}
     for k in open_keys:
@@ -412,8 +405,6 @@ def void_gone_approvals() -> int:
 
     The parked step's outcome becomes ``refused``/``target_gone``; a parked run with nothing left
     waiting is closed. Returns how many were voided."""
-    from agent.models import Approval
-
     waiting = list(Approval.objects.filter(status="waiting").select_related("step", "run"))
     if not waiting:
         return 0
@@ -438,8 +429,6 @@ def void_gone_approvals() -> int:
         n += 1
     for run in runs:
         if run.status == "parked" and not run.approvals.filter(step__outcome="parked").exists():
-            from agent.runtime.runs import close_run
-
             run.status = "done"
             close_run(run)
     if n:

@@ -17,22 +17,36 @@ import hashlib
 import json
 import logging
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 from pydantic import ValidationError
 
 from agent.models import Approval, SideEffect, Step
+from agent.policy.capacity import (
+    CAPACITY_TOOLS,
+    beyond_detail,
+    capacity,
+    facts_priority,
+    less_urgent,
+    need_for,
+    priority_detail,
+)
 from agent.policy.claims import Claimed, run_claimed
 from agent.policy.guards import SCALE_DOWN_TOOLS, Refusal
 from agent.policy.guards import check as guard_check
 from agent.policy.guards import duplicate as duplicate_refusal
+from agent.policy.invariants import call_facts
 from agent.policy.lifecycle import forced_approval
 from agent.policy.table import PRIORITIES, is_forbidden, policy_for
 from agent.policy.tool_specs import MAX_BATCH_CALLS, truncate
 from agent.runtime.breakers import Halt
+from agent.runtime.diagnosis import prefetch
 from agent.runtime.observe import with_retries
 from agent.runtime.tools import PUBLIC_TOOLS, TOOLS, ToolContext, ToolError, canonical_json
+from fleet.alerts import raise_alert
 from fleet.clock import clock
 from fleet.events import emit
+from fleet.models import Alert
 from fleet.providers import ProviderError
 from fleet.secrets import redact, redact_obj
 from fleet.untrusted import scan_for_injection
@@ -136,15 +150,6 @@ def score_turn(tc, turn) -> tuple[list[Decision], Halt | None]:
     run before it. A launch's policy key is the less urgent of its proposed and its facts
     priority. Beyond the need, a call identical to an earlier one of the batch is refused
     ``duplicate``; any other that the policy would run by itself parks (forced approval)."""
-    from agent.policy.capacity import (
-        CAPACITY_TOOLS,
-        beyond_detail,
-        facts_priority,
-        less_urgent,
-        need_for,
-        priority_detail,
-    )
-
     decisions: list[Decision] = []
     halt = None
     batch = len(turn.calls) > 1 or turn.batch
@@ -269,8 +274,6 @@ def score_turn(tc, turn) -> tuple[list[Decision], Halt | None]:
 def retires_capacity(world, args: dict) -> bool:
     """Whether a stop or destroy of ``args["instance_id"]`` retires capacity (the instance is live
     or starting: ``agent.policy.capacity.capacity``); what the scale-down budget counts."""
-    from agent.policy.capacity import capacity
-
     inst = world.instance(str(args.get("instance_id", "")))
     return inst is not None and capacity(world).holds(inst)
 
@@ -306,7 +309,6 @@ def process_turn(tc, turn) -> TurnResult:
         if d.action == "park":
             park(tc, d)
             result.parked = True
-    from agent.runtime.diagnosis import prefetch
 
     # several diagnoses in one turn are collected in parallel first (docs/operations.md, Diagnosis); each call's step
     # then records its own verdict as usual
@@ -349,8 +351,6 @@ def run_fallback(tc, d: Decision) -> None:
 def run_injected(tc) -> bool:
     """Whether this run raised ``prompt_injection`` (in its observe phase or in a tool's output):
     every later side effect of the run parks for an operator (docs/contract.md, Forced approval)."""
-    from fleet.models import Alert
-
     if tc.world.injection:
         return True
     return Alert.objects.filter(kind="prompt_injection", key__startswith=f"prompt_injection:{tc.run.number}:").exists()
@@ -373,8 +373,6 @@ def situation(world, args: dict | None) -> dict:
 
 def park(tc, d: Decision) -> Approval:
     """Write the Approval row for a call that needs an operator; the step's outcome is ``parked``."""
-    from datetime import timedelta
-
     now = clock.now()
     if d.step.pk is None:  # a scored call is saved before its approval points at it
         d.step.save(force_insert=True)
@@ -457,9 +455,6 @@ def execute(tc, step: Step, spec, args: dict, key: str, *, outcome: str = "execu
     _finish(step, outcome, "", "", observation=obs, ok=True, duration_ms=(clock.monotonic() - t0) * 1000)
     hits = scan_for_injection(json.dumps(payload, default=str))
     if hits:
-        from fleet.alerts import raise_alert
-        from fleet.models import Alert
-
         tc.world.injection.append(f"{spec.name} output: {hits[0][:120]}")
         if Alert.objects.filter(kind="prompt_injection", raised_at__gte=started).exclude(state="resolved").exists():
             emit("runs-changed")  # the entry point (sync, diagnosis) already raised it for this text
@@ -473,8 +468,6 @@ def execute(tc, step: Step, spec, args: dict, key: str, *, outcome: str = "execu
 def _call_facts(tc, tool: str, args: dict) -> dict:
     """``agent.policy.invariants.call_facts`` for this call; a record that cannot be made says why and
     never stops the call."""
-    from agent.policy.invariants import call_facts
-
     try:
         return call_facts(tc.world, tool, args, tc.actor)
     except Exception as exc:  # noqa: BLE001 — a record, never a reason for the call to fail
@@ -552,8 +545,6 @@ def dispatch_approved(tc, approval: Approval) -> Step:
 def _tell_refused(approval: Approval, detail: str) -> None:
     """An approved call the guards refused at dispatch: the operator is told by an alert naming
     the approval, the call and the refusal code (the card shows the same as its outcome)."""
-    from fleet.alerts import raise_alert
-
     target = (approval.args or {}).get("instance_id") or ""
     who = approval.decided_by.username if approval.decided_by_id else "an operator"
     raise_alert("approval_refused", f"approval {approval.pk} ({approval.tool} {target}), approved by {who}, was refused "
@@ -597,8 +588,6 @@ def dispatch_priority_refusal(world, tool: str, args: dict) -> Refusal | None:
     """At dispatch of an approved launch the facts priority is derived again; the call is refused
     (``forbidden_tool``, the run is not halted) only when the key it now falls under — the less
     urgent of proposed and facts — is ``forbidden``. Otherwise the operator's approval stands."""
-    from agent.policy.capacity import facts_priority, less_urgent
-
     if tool != "launch_instance" or args.get("launch_priority") not in PRIORITIES:
         return None
     proposed, facts = args["launch_priority"], facts_priority(world)

@@ -7,11 +7,13 @@ answer that appear in no observation of the run (the final answer must follow fr
 runtime actually returned).
 """
 
+import json
 import re
 
 from agent.chat.chat_answer import FALLBACK_NOTE, model_words
 from agent.chat.verdicts import without_verdicts
 from agent.models import Run
+from fleet.models import Instance
 
 # bounded repeats: a scan of the model's answer is linear (tests/test_regex_fuzz.py)
 _ID = re.compile(r"\b[a-z]{1,40}-\d{1,20}\b")
@@ -53,7 +55,6 @@ def final_report(run: Run) -> str:
         lines.append("Waiting for an operator: " + ", ".join(_call(s) for s in parked))
     if run.planner != "monitor" and (run.status in ("halted", "failed", "cancelled") or (run.status == "done" and run.verdict_action is None)):
         lines.append("Remains: the planner did not finish; the next cycle re-observes and decides again.")
-    from fleet.models import Instance
 
     live = list(Instance.objects.filter(killed_at__isnull=True).order_by("id").values_list("external_id", "status"))
     lines.append("Fleet now: " + fleet_summary(live))
@@ -90,8 +91,6 @@ def fleet_summary(live: list[tuple[str, str]]) -> str:
 
 def _observed(run: Run) -> dict:
     """The runtime's observation of the cycle (its ``observe`` step), parsed; ``{}`` when absent."""
-    import json
-
     text = run.steps.filter(kind="observe").order_by("seq").values_list("observation", flat=True).first()
     try:
         return json.loads(text) if text else {}
@@ -108,8 +107,6 @@ def runtime_text(run: Run) -> str:
     outcome's ``detail`` (guards, claims) and, for a deterministic planner (:data:`RUNTIME_PLANNERS`),
     its proposals' arguments and reasons ("want 4 workers", "past the 1 min dwell"). A model
     planner's arguments are its own claims, never evidence for them. One query."""
-    import json
-
     own = run.planner in RUNTIME_PLANNERS
     parts = []
     for args, why, detail in run.steps.filter(kind="call").values_list("args", "call_reason", "detail"):

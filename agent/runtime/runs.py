@@ -19,11 +19,19 @@ import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from django.db import IntegrityError, connection, transaction
+from django.conf import settings
+from django.db import IntegrityError, connection, connections, transaction
+from django.db.models import Q
 
+from agent.memory.model_digest import after_run
+from agent.model.model_client import ModelConfig
 from agent.models import Run, SessionState, Step
+from agent.policy.claims import worker_alive, worker_identity
+from agent.policy.tool_specs import TOOLS
+from agent.runtime.approvals import undispatched
 from agent.runtime.breakers import BreakerState, Halt
 from agent.runtime.report import entailment_flags, final_report
+from fleet.alerts import raise_alert
 from fleet.clock import clock
 from fleet.events import emit
 from fleet.secrets import redact
@@ -54,11 +62,6 @@ def acquire_lock(ttl_s: float | None = None, *, sees_events: bool = True) -> str
     on the dead holder's token, so two takers cannot both win. ``sees_events=False`` (the monitor's
     tick, which runs no planner) lets the events its observe finds start a run after it.
     """
-    from django.conf import settings
-    from django.db.models import Q
-
-    from agent.policy.claims import worker_alive, worker_identity
-
     ttl_s = ttl_s or settings.WARDEN["RUN_LOCK_TTL_S"]
     now = clock.now()
     token = secrets.token_hex(16)
@@ -170,8 +173,6 @@ class LockKeeper(threading.Thread):
         self._stop_event.set()
 
     def run(self) -> None:
-        from django.db import connections
-
         while not self._stop_event.wait(self.every):
             if self.until is not None and time.monotonic() > self.until:
                 self._overdue()
@@ -192,14 +193,10 @@ class LockKeeper(threading.Thread):
                 self.renewals += 1
 
     def _overdue(self) -> None:
-        from django.db import connections
-
         self.lost = (f"run {self.run_number} passed its wall clock while blocked inside one call; its run lock is no "
                      f"longer renewed and lapses within {self.ttl_s:g} s, then the next cycle fails it")
         log.warning(self.lost)
         try:
-            from fleet.alerts import raise_alert
-
             raise_alert("run_overdue", self.lost, severity="P2", key=f"run_overdue:{self.run_number}")
         except Exception as exc:  # noqa: BLE001 — the alert is best effort; the lapse still frees the agent
             log.warning("run_overdue alert not raised: %s", exc)
@@ -257,8 +254,6 @@ class TurnContext:
         return list(self.run.steps.filter(kind="call").order_by("seq"))
 
     def after_error(self, step: Step) -> Halt | None:
-        from agent.policy.tool_specs import TOOLS
-
         self.breakers.record_call(step)
         spec = TOOLS.get(step.tool)
         return self.breakers.after_error(step.tool, bool(spec and spec.fallback))
@@ -296,8 +291,6 @@ def claim_run(trigger: str, planner, events: list[dict] | None = None) -> Run:
     still ``running`` (the database constraint ``one_running_run``, the lock's second net).
     """
     if planner is None:  # the planner the loop will choose (agent.runtime.loop.default_planner): what the chat shows live
-        from agent.model.model_client import ModelConfig
-
         name = "llm" if ModelConfig.from_settings() is not None else "rules"
     else:
         name = getattr(planner, "name", "rules")
@@ -348,8 +341,6 @@ def close_run(run: Run) -> None:
     approved and are not dispatched yet) stays ``parked`` (so the decision is dispatched like any approved call) but gets its end time:
     :func:`agent.runtime.loop.resume_run` then dispatches and closes it without asking the planner again.
     """
-    from agent.runtime.approvals import undispatched
-
     if run.status == "done" and (run.approvals.filter(status="waiting").exists() or undispatched(run).exists()):
         # never ``done`` while a call waits for an operator, or was approved and not dispatched yet
         run.status = "parked"
@@ -361,8 +352,6 @@ def close_run(run: Run) -> None:
     run.save()
     emit("runs-changed", "chat-changed", "fleet-changed")  # the answer first; memory upkeep after it
     if run.status != "parked":
-        from agent.memory.model_digest import after_run
-
         try:
             after_run(run, deferred=True)  # the model's consolidation runs in its own task
         except Exception:  # noqa: BLE001 — memory upkeep never fails the run it follows

@@ -14,8 +14,12 @@ for how long, why, and what became of it.
 import logging
 from datetime import timedelta
 
+from django.conf import settings
+
 from agent.models import Approval, Run, SideEffect
 from agent.runtime.approvals import RESUME_NOT_QUEUED, undispatched
+from agent.runtime.loop import resume_run
+from fleet.alerts import raise_alert
 from fleet.clock import clock
 
 log = logging.getLogger(__name__)
@@ -30,8 +34,6 @@ _OVER = ("done", "failed", "halted", "cancelled")
 
 def why_it_waited(approval: Approval, grace_s: float = GRACE_S) -> str:
     """Why an approved call was not dispatched by its own resume task (for the alert)."""
-    from django.conf import settings
-
     detail = approval.outcome_detail or ""
     if detail.startswith(RESUME_NOT_QUEUED):
         return f"its resume could not be queued when it was decided ({detail[len(RESUME_NOT_QUEUED) + 2:][:240]})"
@@ -54,8 +56,6 @@ def sweep_decided(grace_s: float = GRACE_S) -> list[dict]:
     A run that an older build closed while one of its calls was approved and unrun is parked again
     first (its planner is not asked again: ``ended_at`` is kept, so ``resume_run`` dispatches the
     calls and closes it)."""
-    from agent.runtime.loop import resume_run
-
     now = clock.now()
     cutoff = now - timedelta(seconds=grace_s)
     stalled = list(undispatched().filter(decided_at__lt=cutoff).select_related("run", "decided_by")
@@ -88,8 +88,6 @@ def sweep_decided(grace_s: float = GRACE_S) -> list[dict]:
 
 def _alert(entry: dict, approval: Approval | None) -> None:
     """``approval_stalled``: what waited, how long, why, and what the sweep's dispatch did."""
-    from fleet.alerts import raise_alert
-
     status = entry["status"]
     if status == "approved" and entry["waited_s"] < STILL_WAITING_ALERT_S:
         return  # a live run holds the lock, most likely: its own resume (or the next sweep) follows

@@ -23,7 +23,10 @@ from django.db import DatabaseError
 
 from agent.models import Step
 from fleet.clock import clock
-from fleet.models import Alert, AuditLog, Diagnosis, Instance
+from fleet.demand.curio import HarmonyDemandSource, node_clock_offsets
+from fleet.harmony import HarmonyMachineDetails, HarmonyTaskHistory
+from fleet.models import Alert, AuditLog, Diagnosis, Instance, ProofCredit
+from fleet.proof_cost import credit_new_proofs
 
 KINDS = ("launch", "diagnosis", "action", "agent", "decision", "alert", "rate")
 RATE_WINDOW = timedelta(hours=48)
@@ -111,11 +114,6 @@ def _rates(inst: Instance, now) -> list[Event]:
     """Proofs per hour credited to ``inst`` (``fleet.models.ProofCredit``, kept after it stops or
     is destroyed), hours on the database's clock (``seen_at``), plus the failed attempts of its
     worker's address in Curio's ``harmony_task_history`` while its rows are there."""
-    from fleet.demand.curio import HarmonyDemandSource, node_clock_offsets
-    from fleet.harmony import HarmonyMachineDetails, HarmonyTaskHistory
-    from fleet.models import ProofCredit
-    from fleet.proof_cost import credit_new_proofs
-
     name = inst.worker_name or inst.external_id
     since = max(inst.created_at, now - RATE_WINDOW)
     events = []

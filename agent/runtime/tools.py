@@ -8,8 +8,15 @@ the planner never authors a tool result. A body raises :class:`ToolError` (or
 boundary and becomes an error observation.
 """
 
+import inspect
 from dataclasses import dataclass, replace
 
+from agent.actions.instances import do_instance_action, do_launch_instance
+from agent.memory.store import MemoryInputError
+from agent.memory.store import recall as find
+from agent.memory.store import remember as store
+from agent.models import Notification
+from agent.notify.notifications import alert_routes
 from agent.policy.tool_specs import (  # noqa: F401 — re-exported: the registry and the argument models
     OFFER_FILTERS,
     PUBLIC_TOOLS,
@@ -28,8 +35,12 @@ from agent.policy.tool_specs import (  # noqa: F401 — re-exported: the registr
     canonical_args,
     canonical_json,
 )
+from agent.runtime.diagnosis import diagnose_instance as run_diagnosis
+from fleet.alerts import raise_alert
 from fleet.clock import clock
 from fleet.models import Instance
+from fleet.providers import get_provider
+from fleet.sync import sync_instances
 
 
 class ToolError(Exception):
@@ -91,8 +102,6 @@ def _instance_view(inst: Instance, world) -> dict:
 
 
 def list_instances(ctx: ToolContext, args: dict) -> dict:
-    from fleet.sync import sync_instances
-
     instances = sync_instances()
     ctx.world.set_instances(instances)
     rows = [_instance_view(i, ctx.world) for i in instances]
@@ -113,10 +122,6 @@ def get_demand(ctx: ToolContext, args: dict) -> dict:
 
 
 def search_offers(ctx: ToolContext, args: dict) -> dict:
-    import inspect
-
-    from fleet.providers import get_provider
-
     provider = get_provider()
     extra = {k: args[k] for k in OFFER_FILTERS if args.get(k) is not None}
     takes = inspect.signature(provider.search_offers).parameters
@@ -147,8 +152,6 @@ def diagnose_instance(ctx: ToolContext, args: dict) -> dict:
     (``evidence``: each command's exit code and output, cut to :data:`EVIDENCE_CHARS_PER_COMMAND`
     head and tail; the full outputs are on the instance page). What machines print is untrusted
     data: it reaches the model only inside the observation block."""
-    from agent.runtime.diagnosis import diagnose_instance as run_diagnosis
-
     inst = _instance(args["instance_id"])
     diag = (getattr(ctx.world, "prefetched", None) or {}).pop(inst.pk, None)  # collected with its turn (agent.runtime.diagnosis.prefetch)
     if diag is None:
@@ -171,8 +174,6 @@ def diagnose_instance(ctx: ToolContext, args: dict) -> dict:
 
 
 def launch_instance(ctx: ToolContext, args: dict) -> dict:
-    from agent.actions.instances import do_launch_instance
-
     inst = do_launch_instance(
         gpu_name=args.get("gpu_name") or "", offer_id=args.get("offer_id") or "", actor=ctx.actor, reason=args.get("reason", ""),
         label=ctx.label,
@@ -183,8 +184,6 @@ def launch_instance(ctx: ToolContext, args: dict) -> dict:
 
 def _lifecycle(action: str):
     def body(ctx: ToolContext, args: dict) -> dict:
-        from agent.actions.instances import do_instance_action
-
         inst = _instance(args["instance_id"])
         do_instance_action(inst, action, actor=ctx.actor, reason=args.get("reason", ""))
         inst.refresh_from_db()
@@ -197,9 +196,6 @@ def _lifecycle(action: str):
 
 def remember(ctx: ToolContext, args: dict) -> dict:
     """Store or change a fact (``agent.memory.store.remember``; redacted). Bad input is a semantic error."""
-    from agent.memory.store import MemoryInputError
-    from agent.memory.store import remember as store
-
     try:
         fact, created = store(args["category"], args["key"], args["value"], importance=args.get("importance"), source="agent")
     except MemoryInputError as exc:
@@ -209,8 +205,6 @@ def remember(ctx: ToolContext, args: dict) -> dict:
 
 def recall(ctx: ToolContext, args: dict) -> dict:
     """The best facts for the query (``agent.memory.store.recall``: full-text rank × decayed score)."""
-    from agent.memory.store import recall as find
-
     return {"facts": [{k: f[k] for k in ("category", "key", "value", "score")}
                       for f in find(args.get("query") or "", category=args.get("category"), limit=20)]}
 
@@ -221,10 +215,6 @@ def escalate_human(ctx: ToolContext, args: dict) -> dict:
     docs/notifications.md). Returns ``{"alert_id", "severity", "routed_to": ["alerts", "notifications"?]}`` and,
     when routed to the notifications, ``notifications_queued``: how many messages (operators ×
     channels) were queued — 0 says nobody asked to be told."""
-    from agent.models import Notification
-    from agent.notify.notifications import alert_routes
-    from fleet.alerts import raise_alert
-
     alert = raise_alert("escalation", args["message"], severity=args["severity"], key=f"escalation:{ctx.run.number}:{args['message'][:80]}")
     out = {"alert_id": alert.pk, "severity": alert.severity, "routed_to": alert_routes(alert.severity)}
     if "notifications" in out["routed_to"]:

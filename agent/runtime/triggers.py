@@ -53,6 +53,8 @@ import redis
 from celery import current_app
 from django.conf import settings
 
+from agent.runtime.runs import lock_held_here
+
 log = logging.getLogger(__name__)
 
 PRIORITY = {
@@ -123,8 +125,6 @@ def fire(kind: str, detail: str = "", *, at: float | None = None) -> dict | None
     Raises ``KeyError`` for an unknown kind, ``redis.RedisError`` / kombu errors when Redis is
     unreachable (callers that must not fail use :func:`on_event`).
     """
-    from agent.runtime.runs import lock_held_here
-
     priority = PRIORITY[kind]
     if not settings.WARDEN["EVENT_TRIGGERS"] or lock_held_here():
         return None

@@ -1,21 +1,27 @@
 """Template helpers for the console: roles, ages, demand counts that are never a fake zero."""
 
+import json
+import signal
+from datetime import UTC, datetime
+
 from django import template
+
+from agent.chat.verdicts import without_verdicts
+from agent.models import Approval
+from console.users import can_act as rule
+from console.users import role_of
+from fleet.clock import clock
 
 register = template.Library()
 
 
 def can_act(user) -> bool:
     """True for operators (group ``operators``) and superusers (the rule: ``console.users``)."""
-    from console.users import can_act as rule
-
     return rule(user)
 
 
 def role(user) -> str:
     """The signed-in user's role: superuser, operator or viewer (``console.users.role_of``)."""
-    from console.users import role_of
-
     return role_of(user)
 
 
@@ -42,8 +48,6 @@ def age(seconds) -> str:
 @register.filter
 def unixtime(seconds) -> str:
     """Unix seconds (a trigger event's ``at``) as ``HH:MM:SS.mmm`` UTC; "–" when not a number."""
-    from datetime import UTC, datetime
-
     try:
         return datetime.fromtimestamp(float(seconds), UTC).strftime("%H:%M:%S.%f")[:-3]
     except (TypeError, ValueError, OverflowError, OSError):
@@ -69,8 +73,6 @@ def yesno_unknown(value) -> str:
 @register.filter
 def pretty_json(value) -> str:
     """A JSON value as indented text (for args, before/after); ``–`` for None."""
-    import json
-
     if value is None:
         return "–"
     return json.dumps(value, indent=1, sort_keys=True, default=str)
@@ -112,8 +114,6 @@ def join_list(value) -> str:
 @register.filter
 def without_verdict(text: str) -> str:
     """The planner's answer without its machine-readable ``<verdict>{…}</verdict>`` block."""
-    from agent.chat.verdicts import without_verdicts
-
     return without_verdicts(text, sep=" ", strip=True).strip()
 
 
@@ -121,9 +121,6 @@ def without_verdict(text: str) -> str:
 def waiting_approvals() -> int:
     """How many approvals wait for an operator (status ``waiting``, not yet past their expiry):
     the navigation's badge. One query."""
-    from agent.models import Approval
-    from fleet.clock import clock
-
     return Approval.objects.filter(status="waiting", expires_at__gt=clock.now()).count()
 
 
@@ -132,8 +129,6 @@ def exit_text(code) -> str:
     """A worker process's exit code in words: ``-9`` → ``"killed by SIGKILL (exit -9)"``, ``0`` →
     ``"exited cleanly (exit 0)"``, ``3`` → ``"exited with code 3"`` (POSIX: a negative code is the
     signal that ended the process, as ``subprocess.Popen.returncode`` reports it)."""
-    import signal
-
     if code is None or code == "":
         return ""
     try:

@@ -1,5 +1,7 @@
 """The actions page: the audit log, filtered by actor, verb and target."""
 
+import json
+
 from django.contrib.auth.decorators import login_required
 from django.http import HttpResponse, HttpResponseBadRequest
 from django.shortcuts import render
@@ -32,8 +34,6 @@ def audit_context(actor: str = "", verb: str = "", target: str = "", limit: int 
 
 
 def _short(value) -> str:
-    import json
-
     text = value if isinstance(value, str) else json.dumps(value, default=str, sort_keys=True)
     return text if len(text) <= 120 else text[:119] + "…"
 

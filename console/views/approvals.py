@@ -14,9 +14,11 @@ from django_htmx.http import trigger_client_event
 
 from agent.models import Approval
 from agent.runtime.approvals import DecisionError, do_decide, note_resume_not_queued
+from agent.tasks import start_resume
 from console.forms import (
     DecisionForm,
 )
+from console.templatetags.console_extras import waiting_approvals
 from console.views.common import (
     HtmxHttpRequest,
     _is_region,
@@ -99,8 +101,6 @@ def approvals_page(request: HtmxHttpRequest) -> HttpResponse:
     """The approvals inbox: waiting calls with approve / reject-with-comment and their expiry,
     then recent decisions. htmx GET: the inbox region only."""
     if _is_region(request) and request.GET.get("partial") == "count":
-        from console.templatetags.console_extras import waiting_approvals
-
         return render(request, "console/partials/nav_approvals.html", {"waiting_n": waiting_approvals()})
     ctx = _page_context(request, bulk=True, **approvals_context())
     if _is_region(request):
@@ -128,8 +128,6 @@ def bulk_decide(request: HtmxHttpRequest) -> HttpResponse:
     resumed once. Nothing selected, too many, or a rejection without a comment: 400, nothing
     decided. htmx gets the inbox region with a line per outcome; a browser a redirect (or the
     inbox with the error)."""
-    from agent.tasks import start_resume
-
     form = DecisionForm(request.POST)
     raw = request.POST.getlist("ids")
     error, status, lines = "", 200, []
@@ -200,8 +198,6 @@ def decide_approval(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     A rejection without a comment is 400. htmx gets the approval's card (status 200, message in
     it); a browser a redirect to ``next`` (or the inbox) or the inbox with the error.
     """
-    from agent.tasks import start_resume
-
     approval = get_object_or_404(Approval.objects.select_related("run", "step"), pk=pk)
     form = DecisionForm(request.POST)
     error, status, note = "", 200, ""

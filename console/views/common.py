@@ -3,6 +3,8 @@
 import functools
 import logging
 
+import kombu.exceptions
+import redis
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.db import DatabaseError
@@ -71,9 +73,6 @@ def _why(exc: Exception) -> str:
 
 
 def _is_broker_error(exc: Exception) -> bool:
-    import kombu.exceptions
-    import redis
-
     return isinstance(exc, (redis.exceptions.RedisError, kombu.exceptions.OperationalError, ConnectionError))
 
 

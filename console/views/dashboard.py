@@ -2,11 +2,12 @@
 
 import logging
 import uuid
+from datetime import datetime
 
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.db import DatabaseError
+from django.db import DatabaseError, transaction
 from django.db.models import Count, Q, Sum
 from django.http import HttpResponse
 from django.shortcuts import redirect, render
@@ -14,10 +15,14 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 from django_htmx.http import trigger_client_event
 
-from agent.actions.runs import do_post_message
+from agent.actions.runs import do_post_message, do_queue_cycle
 from agent.actions.session import do_set_target
 from agent.chat.verdicts import without_verdicts
-from agent.models import Run, SessionState, Step
+from agent.models import ModelCall, Run, SessionState, Step
+from agent.policy.capacity import retire_budget
+from agent.policy.table import effective_limits, effective_policy
+from agent.runtime.observe import World
+from agent.tasks import start_cycle
 from console.forms import (
     EnqueueForm,
     MessageForm,
@@ -35,8 +40,10 @@ from console.views.common import (
 )
 from console.views.fleet import FLEET_ON_DASHBOARD, fleet_context
 from console.views.runs import runs_context
+from fleet import demo
 from fleet.audit import do_audit
 from fleet.clock import clock
+from fleet.demand.base import DemandReading
 from fleet.models import BILLABLE_STATUSES, PENDING_STATUSES, AuditLog, DemandSample, Instance
 
 log = logging.getLogger(__name__)
@@ -63,8 +70,6 @@ def demand_context() -> dict:
     if state == "ok" and age_s > limit:
         running = Run.objects.filter(status="running").values_list("started_at", flat=True).first()
         if running is not None and sample.taken_at >= running:
-            from agent.policy.table import effective_limits
-
             limit += effective_limits().wall_clock_s
     if state == "ok" and age_s > limit:
         state = "stale"
@@ -124,8 +129,6 @@ def cards_context() -> dict:
 def _next_due(sample):
     """When the first SDR sector not due yet becomes due (aware datetime), from the sample's
     ``detail["backlog_next_due_at"]`` (``agent.runtime.observe.backlog_view``); None when none waits."""
-    from datetime import datetime
-
     raw = ((sample.detail or {}) if sample is not None else {}).get("backlog_next_due_at")
     try:
         return datetime.fromisoformat(raw) if raw else None
@@ -136,8 +139,6 @@ def _next_due(sample):
 def retire_budget_context(sample):
     """The scale-down budget's state for the dashboard ("2 of 2 retirements left in this window"),
     from the records (``agent.policy.capacity.recorded_world``), or None when demand was never read."""
-    from agent.policy.capacity import retire_budget
-
     if sample is None:
         return None
     return retire_budget(recorded_world(sample))
@@ -146,8 +147,6 @@ def retire_budget_context(sample):
 def model_spend_today() -> dict:
     """The model's spend since 00:00 UTC today (``fleet.clock``): ``{"cost": dollars, "tokens_in",
     "tokens_out", "calls"}`` summed over ``ModelCall`` rows."""
-    from agent.models import ModelCall
-
     start = clock.now().replace(hour=0, minute=0, second=0, microsecond=0)
     agg = ModelCall.objects.filter(created_at__gte=start).aggregate(
         cost=Sum("cost_usd"), tokens_in=Sum("tokens_in"), tokens_out=Sum("tokens_out"), calls=Count("id")
@@ -307,8 +306,6 @@ def set_target(request: HtmxHttpRequest) -> HttpResponse:
 def post_message(request: HtmxHttpRequest) -> HttpResponse:
     """A chat message: stored by ``do_post_message`` (a queued ``chat`` run), then a ``chat`` cycle is
     started, which picks the queued message up. The message survives a broker outage."""
-    from agent.tasks import start_cycle
-
     form = MessageForm(request.POST)
     sent = False
     if form.is_valid():
@@ -343,11 +340,6 @@ def observe_now(request: HtmxHttpRequest) -> HttpResponse:
     """ "Trigger observe cycle now": a ``queued`` run and its audit row (``do_queue_cycle``), then an
     ``operator`` cycle enqueued after commit. The queued run is what makes "queued" true: if the
     broker is down, the next heartbeat cycle runs it."""
-    from django.db import transaction
-
-    from agent.actions.runs import do_queue_cycle
-    from agent.tasks import start_cycle
-
     actor = actor_of(request)
     try:
         with transaction.atomic():
@@ -377,8 +369,6 @@ def observe_now(request: HtmxHttpRequest) -> HttpResponse:
 @operator_required
 def demo_enqueue(request: HtmxHttpRequest) -> HttpResponse:
     """Add N demo proving tasks to the local queue (``fleet.demo.enqueue``)."""
-    from fleet import demo
-
     form = EnqueueForm(request.POST)
     if not form.is_valid():
         return _flash_response(request, False, "; ".join(form.errors.get("n", ["bad input"])), enqueue_form=form)
@@ -418,8 +408,6 @@ def demo_enqueue(request: HtmxHttpRequest) -> HttpResponse:
 @operator_required
 def demo_kill(request: HtmxHttpRequest) -> HttpResponse:
     """SIGKILL one running local worker (``fleet.demo.kill_one_worker``) to watch the agent react."""
-    from fleet import demo
-
     try:  # the intent first: an effect never happens without its audit row
         row = do_audit(actor_of(request), "demo_kill_worker", "", "SIGKILL from the console", None, {"pid": None})
     except DatabaseError as exc:
@@ -453,11 +441,6 @@ def recorded_world(sample=None):
     source: the instances not killed and the newest ``DemandSample`` (``sample``), whose totals
     stand in for per-worker views (``agent.policy.capacity.capacity`` counts running instances live up to its
     ``workers_live``). Returns an ``agent.runtime.observe.World``."""
-    from agent.policy.table import effective_limits, effective_policy
-    from agent.runtime.observe import World
-    from fleet.demand.base import DemandReading
-    from fleet.models import DemandSample, Instance
-
     sample = sample if sample is not None else DemandSample.objects.order_by("-taken_at").first()
     if sample is None:
         reading = DemandReading.unknown("no demand sample yet")

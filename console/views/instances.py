@@ -15,6 +15,8 @@ from django_htmx.http import trigger_client_event
 
 from agent.actions.instances import ActionRefused, do_cordon, do_operator_instance_action
 from agent.policy.claims import EffectNotRecorded
+from agent.policy.table import effective_limits
+from agent.runtime.diagnosis import do_diagnose
 from console.forms import (
     InstanceActionForm,
 )
@@ -57,8 +59,6 @@ def _instance(external_id: str) -> Instance:
 def instance_context(inst: Instance) -> dict:
     """One instance: its diagnoses, its events (audit rows targeting it) and its alerts, and how
     long a diagnosis stays fresh for stop and destroy (``diagnosis_fresh_min``, minutes)."""
-    from agent.policy.table import effective_limits
-
     return {
         "inst": inst,
         "diagnosis_fresh_min": effective_limits().diagnosis_fresh_min,
@@ -192,8 +192,6 @@ def diagnose_now(request: HtmxHttpRequest, external_id: str) -> HttpResponse:
     SSH collector and the configured judge, audited). htmx gets the instance region back with the
     new diagnosis on top; a browser a redirect to the instance page with the verdict as a message.
     A killed instance answers 409 with why."""
-    from agent.runtime.diagnosis import do_diagnose
-
     inst = _instance(external_id)
     try:
         d = do_diagnose(inst, actor=actor_of(request))

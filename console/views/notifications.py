@@ -15,6 +15,7 @@ from django.views.decorators.http import require_http_methods
 from agent.actions.notifications import do_save_notification_settings
 from agent.models import Notification, NotificationSettings
 from agent.notify.notifications import KINDS, check_webhook_ref, reference_status
+from agent.notify.notifications import send_test as queue_test
 from console.templatetags.console_extras import can_act
 from console.views.common import HtmxHttpRequest, _page_context, actor_of, operator_required
 
@@ -60,8 +61,6 @@ def notifications_page(request: HtmxHttpRequest) -> HttpResponse:
 def send_test(request: HtmxHttpRequest) -> HttpResponse:
     """"Send a test": one message on each channel the operator configured
     (``agent.notify.notifications.send_test``); none configured: 400 saying what to set first."""
-    from agent.notify.notifications import send_test as queue_test
-
     try:
         rows = queue_test(request.user, actor_of(request))
     except ValueError as exc:

@@ -19,7 +19,12 @@ from django.shortcuts import redirect, render
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
-from agent.models import Rehearsal
+from agent.actions.runs import do_start_rehearsal
+from agent.actions.settings import OverrideError, validate_overrides
+from agent.models import Rehearsal, SessionState
+from agent.rehearse.day import DayFileError
+from agent.rehearse.history import HistoryError, apply_change, day_from_history, objectives_and_policy
+from console.templatetags.console_extras import age, join_list
 from console.views.common import (
     HtmxHttpRequest,
     _form_errors,
@@ -29,6 +34,7 @@ from console.views.common import (
     operator_required,
     page_number,
 )
+from console.views.settings import _settings_form
 
 #: rehearsals per page of the list
 ON_PAGE = 50
@@ -85,8 +91,6 @@ def in_units(value, unit: str) -> str:
     """``value`` in words with its ``unit`` (:data:`SUMMARY`): ``"$12.40"``, ``"95 s"``, ``"1.25 ×"``,
     ``"3 h 5 min"`` for long waits; ``"not measured"`` for None; a mapping (a count by tool) as
     ``"launch_instance 3, stop_instance 1"``."""
-    from console.templatetags.console_extras import age
-
     if value is None:
         return "not measured"
     if isinstance(value, dict):
@@ -329,8 +333,6 @@ def change_words(before: tuple[dict, dict], after: tuple[dict, dict]) -> list[st
     """What a settings change changes, one entry per key: ``"max_instances 4 → 6"``,
     ``"stop_instance approval → auto"`` (``before`` and ``after``: ``(objectives, policy)`` as a day
     file takes them)."""
-    from console.templatetags.console_extras import join_list
-
     out = []
     for part in (0, 1):
         old, new = before[part], after[part]
@@ -358,13 +360,6 @@ def rehearse_change(request: HtmxHttpRequest) -> HttpResponse:
     (``agent.actions.runs.do_start_rehearsal``): when the form changes anything, an A/B pair — the day
     under the current settings and under the change — whose page shows both columns. htmx: a line linking the rehearsal's page (or
     naming what was wrong); without JavaScript: a redirect to that page, or 400 with the error."""
-    from agent.actions.runs import do_start_rehearsal
-    from agent.actions.settings import OverrideError, validate_overrides
-    from agent.models import SessionState
-    from agent.rehearse.day import DayFileError
-    from agent.rehearse.history import HistoryError, apply_change, day_from_history, objectives_and_policy
-    from console.views.settings import _settings_form
-
     hours = {"24": 24, "6": 6, "1": 1}.get(request.POST.get("rehearse_hours") or "24")
     if hours is None:
         return _rehearse_answer(request, False, "rehearse_hours must be 24, 6 or 1 (the hours of records to rehearse)")

@@ -12,6 +12,8 @@ from django.views.decorators.http import require_GET
 
 from agent.models import Run, Step
 from agent.policy.tool_specs import TOOLS
+from agent.replay.evaluation import standing
+from agent.replay.scenario_export import ScenarioExportError, export_run
 from agent.runtime.report import flagged_claims
 from console.templatetags.sentences import observed
 from console.views.common import HtmxHttpRequest, _is_region, _page_context, page_number
@@ -128,7 +130,6 @@ def runs_page(request: HtmxHttpRequest) -> HttpResponse:
     ctx = _page_context(request, runs_list=True, **runs_context(page=page, **filters))
     if _is_region(request):
         return render(request, "console/partials/runs.html", ctx)
-    from agent.replay.evaluation import standing
 
     ctx["model_standing"] = standing()
     return render(request, "console/runs.html", ctx)
@@ -174,8 +175,6 @@ def export_scenario(request: HtmxHttpRequest, number: int) -> HttpResponse:
     """"Export as scenario": the run's situation as a replay file (``agent.replay.scenario_export``),
     downloaded as ``run-N-scenario.json`` for ``manage.py replay``. A run that cannot be exported:
     409 with the reason."""
-    from agent.replay.scenario_export import ScenarioExportError, export_run
-
     run = Run.objects.filter(number=number).first()
     if run is None:
         raise Http404(f"no run {number}")

@@ -1,5 +1,8 @@
 """The settings page, observe-only mode and the session reset."""
 
+import os
+from urllib.parse import urlsplit
+
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -14,6 +17,7 @@ from agent.actions.settings import OverrideError, baseline_settings, do_update_o
 from agent.models import SessionState
 from agent.policy.limits import LIMIT_RANGES
 from agent.policy.table import effective_limits, effective_policy, unattended
+from agent.replay.evaluation import standing
 from console.forms import (
     ObserveOnlyForm,
     ResetForm,
@@ -29,6 +33,10 @@ from console.views.common import (
     operator_required,
 )
 from console.views.dashboard import _flash_response
+from fleet.providers import ProviderError
+from fleet.providers import ssh as owned
+from fleet.providers.vastai import settings_view
+from fleet.secrets import redact
 
 
 # --- observe-only switch, reset session ---------------------------------------------------------
@@ -81,8 +89,6 @@ def reset_session(request: HtmxHttpRequest) -> HttpResponse:
 def _where(url: str, *, path: bool = True) -> str:
     """``url`` without credentials, query or fragment (``scheme://host:port/path``); "" if unset.
     ``path=False`` leaves the path out too (an HTTP endpoint's path may carry a token)."""
-    from urllib.parse import urlsplit
-
     if not url:
         return ""
     try:
@@ -97,15 +103,11 @@ def _where(url: str, *, path: bool = True) -> str:
 
 def _env_ref(name: str) -> dict:
     """A variable named as a reference: its name and whether it is set (never its value)."""
-    import os
-
     return {"name": name, "set": bool(os.environ.get(name))}
 
 
 def _file_ref(path: str) -> dict:
     """A file named as a reference: its path and whether it can be read (never its content)."""
-    import os
-
     return {"name": path, "set": bool(path) and os.access(path, os.R_OK)}
 
 
@@ -114,12 +116,6 @@ def sources_context() -> dict:
     file paths and addresses without credentials — never a secret's value (docs/safety.md invariant 6).
     Owned hosts are listed from WARDEN_SSH_HOSTS_FILE (name, address, user, key file); their
     commands are not shown (a command line may carry a secret)."""
-    import os
-
-    from fleet.providers import ProviderError
-    from fleet.providers import ssh as owned
-    from fleet.secrets import redact
-
     w = settings.WARDEN
     hosts, hosts_error = [], ""
     path = owned.hosts_file()
@@ -262,12 +258,9 @@ def settings_page(request: HtmxHttpRequest) -> HttpResponse:
             status = 400
     else:
         form = _settings_form(state)
-    from agent.replay.evaluation import standing
 
     ctx = _page_context(request, saved=saved, model_standing=standing(), **settings_context(state, form))
     if settings.WARDEN["PROVIDER"] == "vastai":
-        from fleet.providers.vastai import settings_view
-
         ctx["vast"] = settings_view()
     if request.htmx:
         resp = render(

@@ -2,7 +2,10 @@
 
 from django.conf import settings
 
+from fleet.clock import clock
 from fleet.demand.base import DemandError, DemandReading, WorkerView  # noqa: F401
+from fleet.demand.curio import HarmonyDemandSource
+from fleet.demand.http import HTTPDemandSource
 
 _override = None
 
@@ -13,12 +16,8 @@ def get_source(name: str | None = None):
         return _override
     name = name or settings.WARDEN["DEMAND_SOURCE"]
     if name in ("local", "curio"):
-        from fleet.demand.curio import HarmonyDemandSource
-
         return HarmonyDemandSource(kind=name)
     if name == "http":
-        from fleet.demand.http import HTTPDemandSource
-
         return HTTPDemandSource()
     raise DemandError(f"unknown demand source {name!r}; set WARDEN_DEMAND_SOURCE to local, curio or http")
 
@@ -32,8 +31,6 @@ def set_override(source) -> None:
 def read_demand(instances) -> DemandReading:
     """Read demand for our non-killed ``instances``; any failure is ``state="unknown"``. The
     reading's ``source`` names the source that was read."""
-    from fleet.clock import clock
-
     source = settings.WARDEN["DEMAND_SOURCE"] if _override is None else getattr(_override, "kind", "scenario")
     try:
         reading = get_source().read(instances)

@@ -41,6 +41,7 @@ from fleet.harmony import (
     SectorsSnapPipeline,
     sqlstate,
 )
+from fleet.models import CurioNodeSeen, Instance, ProofCredit, StatusChange
 
 #: a worker is live while its heartbeat is younger than this many heartbeat intervals
 #: (docs/curio.md, Workers: 3 missed 60-s heartbeats; Curio itself deletes a row only after 10 min)
@@ -276,8 +277,6 @@ def node_clock_offsets() -> dict[str, float]:
     moments between reads. A node whose intersection holds 0 is taken as right (0); otherwise the
     bound nearest 0 is its offset (the least correction the evidence demands). One aggregate query
     on Warden's database."""
-    from fleet.models import ProofCredit
-
     since = clock.now() - OFFSET_WINDOW
     rows = (ProofCredit.objects.filter(seen_at__gte=since, work_end__isnull=False).exclude(host_and_port="")
             .values("host_and_port")
@@ -304,8 +303,6 @@ def measured_loading_s() -> float:
     ``running`` status change (``fleet.models.StatusChange``), plus the startup grace a worker has
     to heartbeat (``WARDEN["STARTUP_GRACE_S"]``). Until one has been measured:
     ``WARDEN["CURIO_LOADING_S"]``. One query on Warden's database."""
-    from fleet.models import StatusChange
-
     rows = list(
         StatusChange.objects.filter(status="running", instance__adopted_at__isnull=True)
         .values("instance_id", "instance__created_at").annotate(first=Min("at")).order_by("-first")[:LOADING_SAMPLE]
@@ -642,8 +639,6 @@ class HarmonyDemandSource:
         those of the last ``PROOF_WINDOW``), oldest first, at most ``CREDIT_BATCH``; each with
         ``seen_at`` = ``now`` (the database's clock; read here when not given). History ids are
         assigned by the database in insertion order, so no node's clock decides which rows are new."""
-        from fleet.models import ProofCredit
-
         now = now or self._db_now()
         last = ProofCredit.objects.aggregate(m=Max("history_id"))["m"]
         rows = HarmonyTaskHistory.objects.using(self.using).filter(result=True, name__in=names)
@@ -811,8 +806,6 @@ def _identity_doubts(machines, detail_of: dict, ours: set[str], rowless: set[str
     instance and the one the row is named after are in doubt. The rows' names and startup times
     are kept in ``fleet.models.CurioNodeSeen`` (updated here, one read and at most two bulk writes
     on Warden's database)."""
-    from fleet.models import CurioNodeSeen
-
     now = clock.now()
     seen = {r.machine_id: r for r in CurioNodeSeen.objects.filter(machine_id__in=[m["id"] for m in machines])}
     new, changed = [], []
@@ -916,10 +909,6 @@ def destroyed_worker_names(names: set[str]) -> set[str]:
     """Which of ``names`` (Curio ``machine_name`` values) name the worker of an instance we
     destroyed (``Instance.killed_at`` set; matched by ``worker_name``, else ``external_id``, as
     live instances are). One query on Warden's database."""
-    from django.db.models import Q
-
-    from fleet.models import Instance
-
     rows = Instance.objects.filter(killed_at__isnull=False).filter(
         Q(worker_name__in=names) | Q(worker_name="", external_id__in=names)
     ).values_list("worker_name", "external_id")

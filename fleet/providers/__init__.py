@@ -3,7 +3,10 @@ the owned SSH hosts of WARDEN_SSH_HOSTS_FILE alongside it when that is set (``fl
 
 from django.conf import settings
 
+from fleet.providers import ssh
 from fleet.providers.base import Provider, ProviderError, ProviderInstance  # noqa: F401
+from fleet.providers.local import LocalProvider
+from fleet.providers.vastai import VastProvider
 
 _override: Provider | None = None
 
@@ -17,7 +20,6 @@ def get_provider(name: str | None = None) -> Provider:
     """
     if _override is not None:  # replay and tests: one stand-in answers for every provider name
         return _override
-    from fleet.providers import ssh
 
     if name is None and ssh.hosts_file() and settings.WARDEN["PROVIDER"] != "ssh":
         return ssh.WithOwnedHosts(get_provider(settings.WARDEN["PROVIDER"]), ssh.SSHProvider())
@@ -25,12 +27,8 @@ def get_provider(name: str | None = None) -> Provider:
     if name == "ssh":
         return ssh.SSHProvider()
     if name == "local":
-        from fleet.providers.local import LocalProvider
-
         return LocalProvider()
     if name == "vastai":
-        from fleet.providers.vastai import VastProvider
-
         return VastProvider()
     raise ProviderError(f"unknown provider {name!r}; set WARDEN_PROVIDER to local, vastai or ssh", kind="permanent", code="config")
 

@@ -7,6 +7,10 @@ never read as "zero instances".
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 
+from django.conf import settings
+
+from fleet.ssh import InstanceHostKeys, SSHRunner
+
 
 class ProviderError(Exception):
     """A provider call failed.
@@ -122,9 +126,6 @@ class Provider:
         """
         if not instance.ssh_host:
             return None
-        from django.conf import settings
-
-        from fleet.ssh import InstanceHostKeys, SSHRunner
 
         return SSHRunner(
             instance.ssh_host,

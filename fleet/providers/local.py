@@ -35,6 +35,7 @@ import psutil
 from django.conf import settings
 from django.db import connections
 
+from fleet.models import Instance
 from fleet.providers.base import Provider, ProviderError, ProviderInstance
 
 ID_RE = re.compile(r"^local-(\d{1,18})$")
@@ -165,8 +166,6 @@ class LocalProvider(Provider):
 
     def _next_id(self) -> str:
         """``local-N`` with N one past both the counter file and any id in our database."""
-        from fleet.models import Instance
-
         highest = 0
         for ext in Instance.objects.filter(provider=self.name).values_list("external_id", flat=True):
             m = ID_RE.match(ext)

@@ -33,6 +33,7 @@ from datetime import timedelta
 
 from fleet.clock import clock
 from fleet.providers.base import Provider, ProviderError, ProviderInstance
+from fleet.ssh import Unreachable
 
 #: provider call names a fault may name; the short forms are aliases of the tool-style names
 PROVIDER_CALLS = {
@@ -362,8 +363,6 @@ class ScenarioCommandRunner:
         self.broken = False  # never: a scenario session does not drop mid-step
 
     def __enter__(self):
-        from fleet.ssh import Unreachable
-
         error = self.faults.take("ssh")
         if error == "ssh_timeout":
             clock.sleep(self.timeout_s)

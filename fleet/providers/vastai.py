@@ -44,7 +44,11 @@ from datetime import UTC, datetime
 import requests
 import tenacity
 from django.conf import settings
+from vastai.api import instances, offers
+from vastai.api.client import VastClient
+from vastai.api.query import offers_alias, offers_fields, offers_mult, parse_query
 
+from fleet.machines import excluded_machines
 from fleet.providers.base import Provider, ProviderError, ProviderInstance
 from fleet.secrets import SecretReferenceError, redact, resolve
 
@@ -364,8 +368,6 @@ class VastProvider(Provider):
             raise ProviderError(f"vast: {exc}", kind="permanent", code="config") from None
 
     def _client(self):
-        from vastai.api.client import VastClient
-
         # retry=1: one attempt per call; pacing and the 429 backoff are ours (the package's 0.15 s
         # ×1.5 is far too short for a fleet manager: docs/operations.md)
         return VastClient(api_key=self._key(), server_url=self.cfg["URL"], retry=1,
@@ -479,7 +481,6 @@ class VastProvider(Provider):
     def show(self, external_id: str) -> ProviderInstance:
         """One instance (``GET /api/v0/instances/{id}/``). Raises ProviderError ``not_found``."""
         iid = self._id(external_id)
-        from vastai.api import instances
 
         row = self._call("GET /api/v0/instances/{id}/", lambda c: instances.show_instance(c, iid))
         if row is None:
@@ -501,8 +502,6 @@ class VastProvider(Provider):
         """The search body: ``VAST["OFFER_QUERY"]`` (vast query syntax; its defaults: verified,
         rentable, not external) with the given filters on top (server units: GPU RAM in MB) and
         the failed machines excluded. Raises ProviderError ``config`` for a bad default query."""
-        from vastai.api.query import offers_alias, offers_fields, offers_mult, parse_query
-
         text = self.cfg.get("OFFER_QUERY") or ""
         for name in QUERY_FIELD_RE.findall(text):  # a misspelt field would be dropped silently by the package
             if name not in offers_fields and name not in offers_alias:
@@ -532,8 +531,6 @@ class VastProvider(Provider):
         return query
 
     def _excluded(self) -> set[str]:
-        from fleet.machines import excluded_machines
-
         return excluded_machines(self.name)
 
     def search_offers(self, *, gpu_name: str = "", max_dph: float | None = None, limit: int = 10,
@@ -542,8 +539,6 @@ class VastProvider(Provider):
         """Offers matching the default filter and the given ones, cheapest first (``POST
         /api/v0/bundles/``), as :func:`to_offer` dicts; offers on failed machines are dropped
         (also here, whatever the server did with the filter)."""
-        from vastai.api import offers
-
         query = self.offer_query(gpu_name=gpu_name, max_dph=max_dph, min_gpu_ram_gb=min_gpu_ram_gb,
                                  min_reliability=min_reliability, min_cuda=min_cuda, min_disk_gb=min_disk_gb)
         found = self._call("POST /api/v0/bundles/", lambda c: offers.search_offers(
@@ -564,8 +559,6 @@ class VastProvider(Provider):
         /api/v0/asks/{offer}/``). An error answer naming ``new_contract`` adopts that instance
         (its message says so). Raises ProviderError (``config`` without an image, ``not_found``
         without an offer)."""
-        from vastai.api import instances
-
         cfg = self.cfg
         if not cfg.get("IMAGE"):
             raise ProviderError("vast: no image to run; set WARDEN_VAST_IMAGE", kind="permanent", code="config")
@@ -619,29 +612,21 @@ class VastProvider(Provider):
 
     def stop(self, external_id: str) -> None:
         """``PUT /api/v0/instances/{id}/ {"state": "stopped"}`` (the disk is kept and billed)."""
-        from vastai.api import instances
-
         iid = self._id(external_id)
         self._change("PUT /api/v0/instances/{id}/", lambda c: instances.stop_instance(c, iid))
 
     def resume(self, external_id: str) -> None:
         """``PUT /api/v0/instances/{id}/ {"state": "running"}``."""
-        from vastai.api import instances
-
         iid = self._id(external_id)
         self._change("PUT /api/v0/instances/{id}/", lambda c: instances.start_instance(c, iid))
 
     def reboot(self, external_id: str) -> None:
         """``PUT /api/v0/instances/reboot/{id}/``."""
-        from vastai.api import instances
-
         iid = self._id(external_id)
         self._change("PUT /api/v0/instances/reboot/{id}/", lambda c: instances.reboot_instance(c, iid))
 
     def destroy(self, external_id: str) -> None:
         """``DELETE /api/v0/instances/{id}/``; ``no_such_instance``/``not_found`` counts as done."""
-        from vastai.api import instances
-
         iid = self._id(external_id)
         try:
             self._change("DELETE /api/v0/instances/{id}/", lambda c: instances.destroy_instance(c, iid))

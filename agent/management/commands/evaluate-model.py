@@ -19,6 +19,7 @@ touched. Only the scorecard itself is written to this installation's database (u
 listed), 2 bad input, 130/143 interrupted.
 """
 
+import argparse
 import json
 import os
 import shutil
@@ -28,10 +29,26 @@ import sys
 import tempfile
 from pathlib import Path
 
+from celery import current_app
 from django.conf import settings
+from django.core.management import call_command
 from django.core.management.base import BaseCommand
+from django.db import connections
 
 from agent.management.stopping import Stopped, raise_stopped
+from agent.model.model_client import ModelConfig
+from agent.replay.evaluation import (
+    Case,
+    EvaluationInputError,
+    format_table,
+    key_ref,
+    load_cases,
+    probe,
+    run_case,
+    score_case,
+    store,
+    summarize,
+)
 
 CHILD_ENV = "WARDEN_EVALUATE_DIR"
 TMP_PREFIX = "warden-evaluate-"
@@ -73,15 +90,6 @@ class Command(BaseCommand):
     def handle(self, *args, **opts):
         if opts["child"]:
             raise SystemExit(self._child(opts["child"]))
-        from agent.replay.evaluation import (
-            EvaluationInputError,
-            format_table,
-            key_ref,
-            load_cases,
-            probe,
-            store,
-            summarize,
-        )
 
         if not 1 <= opts["repeat"] <= 100:
             self.fail(f"--repeat {opts['repeat']}: give 1 to 100 plays per case")
@@ -104,8 +112,6 @@ class Command(BaseCommand):
 
     def _config(self, opts, key_ref):
         """The model to evaluate: the flags, else the settings (``WARDEN_MODEL_*``)."""
-        from agent.model.model_client import ModelConfig
-
         m = settings.MODEL
         base_url = (opts["base_url"] or m["BASE_URL"] or "").strip()
         model = (opts["model"] or m["MODEL"] or "").strip()
@@ -181,7 +187,6 @@ class Command(BaseCommand):
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             shutil.rmtree(tmp, ignore_errors=True)
-        from agent.replay.evaluation import Case, score_case
 
         for p in plan[len(results):]:
             r = score_case(Case(p["name"], Path(p["path"]), p["source"]), None, None, None,
@@ -191,13 +196,6 @@ class Command(BaseCommand):
 
     # -- the child: every play on its own fresh database -----------------------------------------
     def _child(self, tmp: str) -> int:
-        from celery import current_app
-        from django.core.management import call_command
-        from django.db import connections
-
-        from agent.model.model_client import ModelConfig
-        from agent.replay.evaluation import Case, run_case
-
         if os.environ.get(CHILD_ENV) != tmp:
             self.stderr.write("evaluate-model: --child is the command's own; run it without")
             return 2
@@ -232,6 +230,4 @@ class Command(BaseCommand):
 
 
 def argparse_suppress():
-    import argparse
-
     return argparse.SUPPRESS

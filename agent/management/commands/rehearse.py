@@ -19,6 +19,7 @@ input, 3 the simulation crashed (its traceback on stderr), 130/143 interrupted.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -30,10 +31,18 @@ import time
 import traceback
 from pathlib import Path
 
+from celery import current_app
 from django.conf import settings
+from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
 from agent.management.stopping import Stopped, raise_stopped
+from agent.models import Rehearsal
+from agent.rehearse.day import DayFileError, load_day, parse_day
+from agent.rehearse.history import write_from_history
+from agent.rehearse.metrics import SUMMARY_KEYS
+from agent.rehearse.sim import run_day
+from fleet.clock import clock
 
 CHILD_ENV = "WARDEN_REHEARSE_DB_DIR"
 TMP_PREFIX = "warden-rehearse-"
@@ -51,8 +60,6 @@ def compared_day(day: dict, other: dict) -> dict:
 
 def format_table(names: list[str], summaries: list[dict], unsafe: list[list[dict]]) -> str:
     """The summary as a table: one column per rehearsal and, for two, their difference (B − A)."""
-    from agent.rehearse.metrics import SUMMARY_KEYS
-
     def cell(v) -> str:
         if v is None:
             return "—"
@@ -101,8 +108,6 @@ class Command(BaseCommand):
 
     @staticmethod
     def _hidden():
-        import argparse
-
         return argparse.SUPPRESS
 
     def _fail(self, text: str, code: int = 2):
@@ -110,13 +115,9 @@ class Command(BaseCommand):
         raise SystemExit(code)
 
     def handle(self, *args, **opts):
-        from agent.rehearse.day import DayFileError, load_day, parse_day
-
         if settings.WARDEN.get("REHEARSE_DB_DIR"):
             raise SystemExit(self._child(opts))
         if opts["from_history"] is not None:
-            from agent.rehearse.history import write_from_history
-
             raise SystemExit(write_from_history(opts["from_history"], opts["out"], self.stdout, self.stderr))
         if not opts["file"]:
             self._fail("give a day file (DAY.json), or --from-history SPAN to write one")
@@ -174,9 +175,6 @@ class Command(BaseCommand):
     def _run(self, day: dict, path: str):
         """Play ``day`` in a child on scratch SQLite; store its ``Rehearsal`` row. Returns (row, result, 0) or
         (row, None, exit status)."""
-        from agent.models import Rehearsal
-        from fleet.clock import clock
-
         row = Rehearsal.objects.create(name=str(day.get("name", Path(path).name))[:200], day=day, status="running",
                                        started_by="manage.py rehearse")
         tmp = tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{os.getpid()}-")
@@ -230,18 +228,11 @@ class Command(BaseCommand):
 
     @staticmethod
     def _ended(row, why: str) -> None:
-        from fleet.clock import clock
-
         row.status, row.error, row.ended_at = "failed", why, clock.now()
         row.save()
 
     def _child(self, opts) -> int:
         """In the child: refuse anything but the scratch databases, migrate them, play, write the result."""
-        from celery import current_app
-        from django.core.management import call_command
-
-        from agent.rehearse.sim import run_day
-
         db_dir = settings.WARDEN["REHEARSE_DB_DIR"]
         for alias in ("default", "harmony"):
             name = str(settings.DATABASES[alias]["NAME"])

