@@ -35,9 +35,11 @@ THREADS=${WARDEN_TEST_MODEL_THREADS:-2}
 ALIAS=smollm2-135m
 CASES=${WARDEN_TEST_MODEL_CASES:-seed002-all-workers-dead guard-demand-guard money-unknown-instance-target-gone lifecycle-provider-injection forged-observation llm-money-parallel-launches}
 export WARDEN_TEST_MODEL_TIMEOUT_S=${WARDEN_TEST_MODEL_TIMEOUT_S:-240}
-# llama-cpp-python's chatml-function-calling template renders no `tool` message: results go to
-# the model as `user` messages (docs/model.md, "llama-cpp-python's server")
-export WARDEN_MODEL_TOOL_RESULTS=${WARDEN_MODEL_TOOL_RESULTS:-user}
+# evaluate-model sends tool results as `tool` messages (the default), which llama-cpp-python's
+# chatml-function-calling template drops: the model never sees a result, and the run stays short.
+# WARDEN_MODEL_TOOL_RESULTS=user shows it the results (docs/model.md, "llama-cpp-python's server";
+# tests/test_model_smoke.py checks that mode on the real server), at a cost in time measured there.
+export WARDEN_MODEL_TOOL_RESULTS=${WARDEN_MODEL_TOOL_RESULTS:-tool}
 PY=${PYTHON:-python3}
 
 want=$(sha256sum "$REQ" | cut -d' ' -f1)
