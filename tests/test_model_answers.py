@@ -279,17 +279,13 @@ def test_reported_usage_is_not_marked_an_estimate():
 # --- 2. the context window ------------------------------------------------------------------------
 @pytest.mark.parametrize("server, where", [("llamacpp", "/props n_ctx"), ("vllm", "max_model_len"),
                                            ("openrouter", "context_length")])
-def test_the_context_window_is_read_from_the_server(server, where, monkeypatch):
-    # the window is read once per process and server address; a stand-in of an earlier test may
-    # have had this port, so this test starts with nothing read
-    monkeypatch.setattr(model_client, "_WINDOWS", {})
+def test_the_context_window_is_read_from_the_server(server, where):
     with StandIn([], server=server, context=6144) as standin:
         tokens, source = context_window(ModelConfig(base_url=standin.base_url, model="standin"), with_source=True)
     assert tokens == 6144 and where in source
 
 
-def test_a_server_that_does_not_answer_is_asked_for_its_window_again_later(monkeypatch):
-    monkeypatch.setattr(model_client, "_WINDOWS", {})  # nothing read yet by this process
+def test_a_server_that_does_not_answer_is_asked_for_its_window_again_later():
     with StandIn([], server="llamacpp", context=6144) as standin:
         url = standin.base_url
     cfg = ModelConfig(base_url=url, model="standin", timeout_s=1)
