@@ -136,3 +136,37 @@ def test_a_big_day_lists_its_key_markers_and_counts_the_rest(client, alice, sett
     assert table.count("<tr class=") == rehearsals.MARKERS_SHOWN
     assert "launch_instance waited 25 min" in table and "stop_instance in cycle 17" in table  # the key ones, always
     assert f"Not listed: {300 - (rehearsals.MARKERS_SHOWN - 2)} launch" in html
+
+
+def _pair(day_a: dict, day_b: dict, result_a: dict, result_b: dict) -> tuple[Rehearsal, Rehearsal]:
+    a = Rehearsal.objects.create(name="the current settings", status="done", progress=1, result=result_a, day=day_a,
+                                 ended_at=timezone.now())
+    b = Rehearsal.objects.create(name="the change", status="done", progress=1, result=result_b, day=day_b,
+                                 ended_at=timezone.now(), compare_to=a)
+    a.compare_to = b
+    a.save(update_fields=["compare_to"])
+    return a, b
+
+
+def test_an_ab_pair_says_what_b_changed_and_when_the_change_never_bound(client, alice):
+    day = {"horizon_h": 3, "seed": 7, "objectives": {"target_proofs_per_hour": 60, "max_instances": 4}}
+    changed = {**day, "objectives": {**day["objectives"], "max_instances": 7}, "policy": {"launch_instance": "auto"}}
+    _, b = _pair(day, changed, done_result(), done_result())
+    client.force_login(alice)
+    html = client.get(f"/rehearsals/{b.pk}/").content.decode()
+    line = re.search(r'<p id="rehearsal-changed">(.*?)</p>', html, re.S).group(1)
+    assert "<code>objectives.max_instances</code> 7 (A: 4)" in line
+    assert "<code>policy.launch_instance</code> auto (A: default)" in line
+    assert "target_proofs_per_hour" not in line  # the same on both sides
+    assert 'id="rehearsal-same"' in html and "never bound" in html
+
+    other = done_result()
+    other["summary"] = {**other["summary"], "proofs_delivered": 1300}
+    _, d = _pair(day, changed, done_result(), other)
+    html = client.get(f"/rehearsals/{d.pk}/").content.decode()
+    assert 'id="rehearsal-changed"' in html and 'id="rehearsal-same"' not in html
+    assert '<td>+66</td>' in html
+
+    _, f = _pair(day, dict(day), done_result(), done_result())
+    html = client.get(f"/rehearsals/{f.pk}/").content.decode()
+    assert "set the same objectives, policy" in html and 'id="rehearsal-same"' not in html

@@ -81,3 +81,15 @@ def test_the_dashboard_hides_quiet_runs_and_shows_them_on_request(client, alice)
     shown = client.get("/?quiet=1").content.decode()
     assert 'id="run-3"' in shown and "quiet runs hidden" not in shown and 'partial=runs&quiet=1' in shown
     assert 'id="run-3"' in client.get("/?partial=runs&quiet=1", HTTP_HX_REQUEST="true").content.decode()
+
+
+def test_a_dashboard_of_only_quiet_runs_does_not_say_there_are_no_runs(client, alice):
+    # the header names the last run; the table under it must not contradict it with "No runs yet"
+    for n in (1, 2):
+        make_run(n, status="done", included_in_prompt=False, verdict_action=False, verdict_state_changed=False)
+    client.force_login(alice)
+    html = client.get("/").content.decode()
+    assert "2 quiet runs hidden" in html and "No runs yet" not in html
+    assert "every run so far was a quiet heartbeat" in html
+    Run.objects.all().delete()
+    assert "No runs yet" in client.get("/").content.decode()

@@ -396,3 +396,31 @@ def load_day(path: str | Path) -> tuple[Day, dict]:
     except ScenarioFileError as exc:
         raise DayFileError(str(exc).replace("a scenario file", "a day file")) from None
     return parse_day(raw, str(path)), raw
+
+
+#: a day's keys that say how the fleet is run rather than what happens to it: what an A/B pair
+#: varies (``manage.py rehearse --compare`` brings these from the other file; the rest is the day)
+POLICY_KEYS = ("objectives", "policy", "planner", "model", "heartbeat_s")
+
+
+def _leaves(value: Any, prefix: str) -> dict[str, Any]:
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            out.update(_leaves(v, f"{prefix}.{k}"))
+        return out
+    return {prefix: value}
+
+
+def policy_differences(a: dict, b: dict) -> list[tuple[str, Any, Any]]:
+    """What two day dicts set differently among :data:`POLICY_KEYS`, as ``[(dotted key, value in
+    a, value in b)]`` sorted by key (``None`` where a side leaves the key out, so the day's or the
+    product's default applies). ``[]`` when both are run the same way."""
+    la: dict[str, Any] = {}
+    lb: dict[str, Any] = {}
+    for key in POLICY_KEYS:
+        if key in a:
+            la.update(_leaves(a[key], key))
+        if key in b:
+            lb.update(_leaves(b[key], key))
+    return [(k, la.get(k), lb.get(k)) for k in sorted(la.keys() | lb.keys()) if la.get(k) != lb.get(k)]

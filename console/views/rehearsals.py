@@ -22,7 +22,7 @@ from django.views.decorators.http import require_GET
 from agent.actions.runs import do_start_rehearsal
 from agent.actions.settings import OverrideError, validate_overrides
 from agent.models import Rehearsal, SessionState
-from agent.rehearse.day import DayFileError
+from agent.rehearse.day import DayFileError, policy_differences
 from agent.rehearse.history import HistoryError, apply_change, day_from_history, objectives_and_policy
 from console.templatetags.console_extras import age, join_list
 from console.views.common import (
@@ -231,7 +231,9 @@ def comparison(r: Rehearsal) -> dict | None:
     """An A/B pair's two columns (``r`` and its ``compare_to``, both done): ``{"a", "b", "rows"}``
     with A the earlier row (the current settings, or ``manage.py rehearse``'s first file) and each
     row ``{"key", "words", "a", "b", "difference"}`` in words and units (the difference B − A, for
-    numbers only). None when ``r`` has no pair or either side has no summary yet."""
+    numbers only), ``"changed"``: what B runs differently from A (``{"key", "a", "b"}``, from
+    :func:`agent.rehearse.day.policy_differences`), and ``"same_outcome"``: every measure came out
+    equal. None when ``r`` has no pair or either side has no summary yet."""
     other = r.compare_to
     if other is None:
         return None
@@ -247,7 +249,10 @@ def comparison(r: Rehearsal) -> dict | None:
         va, vb = sa.get(key), sb.get(key)
         diff = _signed(round(vb - va, 6), unit) if _num(va) is not None and _num(vb) is not None else ""
         rows.append({"key": key, "words": words, "a": in_units(va, unit), "b": in_units(vb, unit), "difference": diff})
-    return {"a": a, "b": b, "rows": rows}
+    changed = [{"key": k, "a": "default" if va is None else va, "b": "default" if vb is None else vb}
+               for k, va, vb in policy_differences(a.day or {}, b.day or {})]
+    same = all(row["a"] == row["b"] for row in rows)
+    return {"a": a, "b": b, "rows": rows, "changed": changed, "same_outcome": same}
 
 
 def detail_context(r: Rehearsal) -> dict:

@@ -38,7 +38,7 @@ from django.core.management.base import BaseCommand
 
 from agent.management.stopping import Stopped, raise_stopped
 from agent.models import Rehearsal
-from agent.rehearse.day import DayFileError, load_day, parse_day
+from agent.rehearse.day import POLICY_KEYS, DayFileError, load_day, parse_day
 from agent.rehearse.history import write_from_history
 from agent.rehearse.metrics import SUMMARY_KEYS
 from agent.rehearse.sim import run_day
@@ -46,8 +46,6 @@ from fleet.clock import clock
 
 CHILD_ENV = "WARDEN_REHEARSE_DB_DIR"
 TMP_PREFIX = "warden-rehearse-"
-#: keys the ``--compare`` file brings to the second column (the rest is the first file's day)
-POLICY_KEYS = ("objectives", "policy", "planner", "model", "heartbeat_s")
 
 
 def compared_day(day: dict, other: dict) -> dict:
