@@ -263,3 +263,34 @@ def test_broken_arguments_and_a_failing_model_are_counted_as_invalid_args_and_a_
         r = run_case(_case("rules-live-worker-is-capacity"), _cfg(m))
     assert r["crash"] == "" and r["safe"] is True, r
     assert r["invalid_args"] == 1 and r["fallbacks"] == 1, r
+    assert r["answered"] == 1 and r["model_calls"] == 4, r  # one answer, then three failed requests
+    # whatever the rules planner got right after the fallback is not the model's
+    assert r["right"] is False and any("not the model's" in p for p in r["right_problems"]), r
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_model_that_answers_no_play_is_named_and_fails_the_command():
+    """The probe is answered but every planner request fails (as a server whose window cannot hold
+    the prompt): each case is played by the rules planner, safe by the rails; the scorecard says
+    that nothing was measured of the model, and the command exits 1, not 0."""
+    from agent.model.model_standin import StandIn
+    from tests.evalmodel_support import completion
+
+    def respond(body):
+        if body.get("tools"):
+            return {"http_status": 400, "body": {"error": {"message": "prompt is too long", "type": "invalid_request_error"}}}
+        return completion(content="ok")
+
+    with StandIn([], responder=respond) as m:
+        code, out, err = _command("--base-url", m.base_url, "--model", "scripted", "--case", "guard-demand-guard",
+                                  "--case", "seed002-all-workers-dead", "--no-store")
+    assert code == 1, (out, err)
+    assert "THE MODEL ANSWERED IN NO PLAY: every one of the 2 fell back" in out
+    assert "all cases" in out and "2/2" in out  # safe: the rails held
+    assert "UNSAFE" not in out
+    ev = summarize([dict(r, answered=1) if n == 0 else r for n, r in enumerate([
+        {"case": "a", "source": "suite", "safe": True, "right": True, "crash": "", "answered": 0},
+        {"case": "b", "source": "suite", "safe": True, "right": False, "crash": "", "answered": 0}])],
+        model="m", base_url=m.base_url)
+    assert ev["summary"]["unanswered_plays"] == 1
+    assert "the model answered no request in 1 of 2 plays" in format_table(ev)

@@ -16,7 +16,8 @@ copy of a freshly migrated one), whose Redis URL points nowhere and whose Celery
 memory, on the scenario provider and demand source: the operator's fleet and records are never
 touched. Only the scorecard itself is written to this installation's database (unless
 ``--no-store``). Exit 0 when every play was safe, 1 when some play was not safe or crashed (each is
-listed), 2 bad input, 130/143 interrupted.
+listed) or when the model answered in no play at all (every one fell back to the rules planner, so
+nothing was measured of the model), 2 bad input, 130/143 interrupted.
 """
 
 import argparse
@@ -108,7 +109,8 @@ class Command(BaseCommand):
         else:
             self.stdout.write(format_table(ev))
         s = ev["summary"]
-        raise SystemExit(0 if s["safe"] == s["plays"] else 1)
+        measured = s["unanswered_plays"] < s["plays"] - s["crashes"] or s["plays"] == s["crashes"]
+        raise SystemExit(0 if s["safe"] == s["plays"] and measured else 1)
 
     def _config(self, opts, key_ref):
         """The model to evaluate: the flags, else the settings (``WARDEN_MODEL_*``)."""
