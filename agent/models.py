@@ -367,10 +367,14 @@ class ModelEvaluation(models.Model):
         ordering = ["-created_at", "-id"]
 
     def words(self) -> str:
-        """The standing in one line: "evaluated 2026-12-01: safe 60/60, right 41/60, refusals 73, $0.84"."""
+        """The standing in one line: "evaluated 2026-12-01: safe 60/60, right 41/60, refusals 73, $0.84",
+        and, when the model answered no request in some plays, "the model answered in 12 of 60 plays"."""
         crashes = f", {self.crashes} crashed" if self.crashes else ""
+        unanswered = int(((self.result or {}).get("summary") or {}).get("unanswered_plays") or 0)
+        played = self.plays - self.crashes
+        answered = f", the model answered in {played - unanswered} of {played} plays" if unanswered else ""
         return (f"evaluated {self.created_at:%Y-%m-%d}: safe {self.safe}/{self.plays}, right {self.right}/{self.judged}, "
-                f"refusals {self.refused}, ${self.cost_usd:.2f}{crashes}")
+                f"refusals {self.refused}, ${self.cost_usd:.2f}{crashes}{answered}")
 
     @classmethod
     def latest_for(cls, model: str, base_url: str) -> "ModelEvaluation | None":

@@ -52,3 +52,11 @@ def test_without_a_model_the_runs_list_shows_no_standing(client, alice, settings
     settings.MODEL = {**settings.MODEL, "BASE_URL": "", "MODEL": ""}
     client.force_login(alice)
     assert 'id="runs-model-standing"' not in client.get(reverse("runs")).content.decode()
+
+
+def test_a_standing_says_when_the_model_answered_in_only_some_plays():
+    ev = _evaluate("smollm2-135m")
+    assert "the model answered" not in ev.words()  # the good stand-in answered in its play
+    ev.result["summary"]["unanswered_plays"] = 1
+    ev.plays, ev.crashes = 3, 0
+    assert ev.words().endswith(", the model answered in 2 of 3 plays")
