@@ -321,3 +321,39 @@ def test_the_token_estimate_is_calibrated_from_the_reported_usage(priced):
     assert CALIBRATION.factor == 1.0
     _replay("llm-plain-answer")  # the stand-in reports 1,200 prompt tokens
     assert CALIBRATION.factor != 1.0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_calibration_counts_the_tool_schemas_the_server_counts():
+    """A server reports ``prompt_tokens`` for the messages and the tool schemas together. Calibrated
+    on the messages alone, the factor became (schemas + messages) / messages: 3.2 on SmolLM2, and
+    it grew as the budget cut messages, until the system prompt alone did not fit and every later
+    case of an evaluation fell back without asking the model. A server whose count is exactly the
+    planner's own estimate of both must leave the factor at 1, case after case."""
+    import math
+
+    from django.core.management import call_command
+
+    from agent.memory.context import CALIBRATION
+    from agent.model.model_client import ModelConfig
+    from agent.model.model_standin import StandIn
+    from agent.replay.evaluation import Case, run_case, suite_dir
+    from tests.evalmodel_support import good_respond
+
+    def honest(body):
+        answer = good_respond(body)
+        messages = sum(math.ceil(len(m.get("content") or "") / 4) + 4
+                       + sum(math.ceil(len(c["function"]["arguments"]) / 4) + math.ceil(len(c["function"]["name"]) / 4)
+                             for c in m.get("tool_calls") or ())
+                       for m in body["messages"])
+        answer["usage"]["prompt_tokens"] = messages + math.ceil(len(json.dumps(body.get("tools") or [])) / 4)
+        return answer
+
+    stem = "rules-live-worker-is-capacity"
+    with StandIn([], responder=honest) as m:
+        cfg = ModelConfig(base_url=m.base_url, model="honest", timeout_s=5)
+        for _ in range(3):  # as an evaluation's child plays case after case in one process
+            call_command("flush", interactive=False, verbosity=0)
+            r = run_case(Case(stem, suite_dir() / f"{stem}.json", "suite"), cfg)
+            assert r["answered"] >= 1 and r["fallbacks"] == 0, r
+            assert 0.9 <= CALIBRATION.factor <= 1.1, CALIBRATION.factor

@@ -32,7 +32,7 @@ import logging
 import math
 
 from agent.chat.chat_answer import FALLBACK_NOTE
-from agent.memory.context import DEFAULT_BUDGET_TOKENS, build_context, calibrate, message_tokens
+from agent.memory.context import CALIBRATION, DEFAULT_BUDGET_TOKENS, build_context, calibrate, message_tokens
 from agent.memory.model_digest import ModelSummarizer
 from agent.memory.store import recall_for_prompt
 from agent.model import model_client
@@ -112,6 +112,7 @@ class LlmPlanner(Planner):
         self.fallback = None
         self._fallback_at = 0
         self._estimated = 0  # the last built context's estimated tokens (calibrated from usage)
+        self._tools_sent = 0  # the tool schemas' estimated tokens in that request
         self._sent: set | None = None  # fingerprints of the messages of the previous request
         self._fresh: int | None = None
 
@@ -120,12 +121,18 @@ class LlmPlanner(Planner):
         a margin, at most ``agent.memory.context.DEFAULT_BUDGET_TOKENS``, at least 1,024; a budget learnt
         from a context-length answer is used when smaller."""
         window = context_window(self.config)
-        tools = estimate(json.dumps([wire_schema(t) for t in tool_schemas()]))
-        budget = min(DEFAULT_BUDGET_TOKENS, window - self.config.max_tokens - tools - WINDOW_MARGIN)
+        budget = min(DEFAULT_BUDGET_TOKENS, window - self.config.max_tokens - self._tools_tokens() - WINDOW_MARGIN)
         learnt = LEARNT_BUDGET.get((self.config.base_url, self.config.model))
         if learnt is not None:
             budget = min(budget, learnt)
         return max(1024, budget)
+
+    @staticmethod
+    def _tools_tokens(factor: float | None = None) -> int:
+        """Estimated tokens of the tool schemas as sent, calibrated like the messages (the server
+        counts them in ``usage.prompt_tokens`` too; llama.cpp's template renders them as text)."""
+        raw = estimate(json.dumps([wire_schema(t) for t in tool_schemas()]))
+        return math.ceil(raw * (CALIBRATION.factor if factor is None else factor))
 
     def messages(self, ctx, budget: int | None = None) -> list[dict]:
         """System prompt (tiers, with facts recalled for the operator's message in the middle) plus the
@@ -137,6 +144,7 @@ class LlmPlanner(Planner):
         context = build_context(run=ctx.run, system=system, summarize=ModelSummarizer(self.config, ctx.run),
                                 budget_tokens=budget or self.budget())
         self._estimated = context.tokens
+        self._tools_sent = self._tools_tokens(context.factor)
         self._fresh = self._new_tokens(context.messages, context.factor)
         return context.messages
 
@@ -170,7 +178,10 @@ class LlmPlanner(Planner):
         turn.tokens_in, turn.tokens_out = reply.tokens_in, reply.tokens_out
         turn.tokens_fresh = self._fresh
         if self._estimated > 0 and reply.tokens_in > 0 and reply.usage_reported:  # learn from the API's usage
-            calibrate(self._estimated, reply.tokens_in)
+            # the reported count holds the tool schemas too: calibrating on the messages alone made
+            # the factor (schemas + messages) / messages, which grows as the budget cuts messages,
+            # until the system prompt alone no longer fit and every later run fell back
+            calibrate(self._estimated + self._tools_sent, reply.tokens_in)
         if not reply.usage_reported:  # the client estimated both counts (ModelCall.tokens_estimated)
             turn.estimate_tokens()
             if turn.tokens_fresh is None:  # no usage: the whole estimated prompt is new
