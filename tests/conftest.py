@@ -122,17 +122,14 @@ def _fresh_token_calibration():
 
 @pytest.fixture(autouse=True)
 def _fresh_model_windows():
-    """Each test starts with no remembered context window or learnt budget: both are kept per
-    process by ``(base_url, model)``, and a stand-in server of a later test can get the loopback
-    port an earlier one had (which once gave a 131,072-token server an 8,192-token budget)."""
+    """Each test starts with no remembered context window: windows are kept per process by
+    ``(base_url, model)``, and a stand-in server of a later test can get the loopback port an
+    earlier one had (which once gave a 131,072-token server an 8,192-token budget)."""
     from agent.model import model_client
-    from agent.planners import llm
 
     model_client._WINDOWS.clear()
-    llm.LEARNT_BUDGET.clear()
     yield
     model_client._WINDOWS.clear()
-    llm.LEARNT_BUDGET.clear()
 
 
 def pytest_collection_modifyitems(config, items):

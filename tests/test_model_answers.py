@@ -655,3 +655,36 @@ def test_the_chat_answer_says_a_repeated_refusal_once_with_its_count():
     assert note.count("stop_instance v-1 was refused") == 1 and "(demand_guard): 5 tasks queued (×3)" in note
     assert "stop_instance v-2 was refused by the rails (demand_guard): 5 tasks queued" in note.splitlines()[-1]
     assert not note.splitlines()[-1].endswith(")")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_run_that_shrank_below_the_system_prompt_does_not_silence_the_model_for_later_runs():
+    """One run's context-length answers (a bloated history) shrink its budget until the system
+    prompt no longer fits, and that run falls back. The next run must ask the model again from the
+    window's budget: kept for the process, the shrunk budget made every later run fall back
+    without a request (seen in an evaluation of SmolLM2: 137 of 150 cases unasked)."""
+    from agent.runtime.loop import run_cycle
+
+    too_long = {"http_status": 400, "body": {"error": {"message": "This model's maximum context length is exceeded",
+                                                       "type": "invalid_request_error", "code": "context_length_exceeded"}}}
+    left = {"too_long": 1}  # the first request of the first run: its shrink cannot hold the system prompt
+
+    def respond(body):
+        if not body.get("tools"):  # the running summary's own request
+            return _completion("An earlier run looked at the fleet.")
+        if left["too_long"]:
+            left["too_long"] -= 1
+            return too_long
+        return _completion("Fine. " + VERDICT)
+
+    from agent.memory.context import CALIBRATION
+
+    CALIBRATION.factor = 2.0  # a tokenizer denser than 4 characters a token: the system prompt passes 1,024
+    with rails_world(), StandIn([], responder=respond) as standin:
+        cfg = ModelConfig(base_url=standin.base_url, model="standin", context_tokens=8192, max_tokens=256)
+        first = run_cycle("test", planner=LlmPlanner(cfg))
+        second = run_cycle("test", planner=LlmPlanner(cfg))
+    assert list(ModelCall.objects.filter(run=first).values_list("status", flat=True))[0] == "http_400"
+    assert Alert.objects.filter(kind="planner_fallback").exists()  # the first run fell back
+    assert list(ModelCall.objects.filter(run=second).values_list("status", flat=True))[-1:] == ["ok"]
+    assert not ModelCall.objects.filter(run=second).exclude(status="ok").exists()

@@ -16,7 +16,8 @@ a tool without parameters) means ``{}``; the schema then decides.
 
 The context is budgeted within the model's window (:func:`agent.model.model_client.context_window`,
 less ``max_tokens`` and the tool schemas); a 400 saying the prompt is too long shrinks the budget
-and asks again (twice at most; the smaller budget is kept for later runs of this process). Each
+and asks again (twice at most; the smaller budget holds for the rest of the run, and a window the
+server's answer names is kept for the process). Each
 request's timeout is bounded by what is left of the run's wall clock.
 
 When the model fails :data:`agent.model.model_client.STRIKES` times (429, 5xx, timeouts, failed answers
@@ -49,8 +50,6 @@ log = logging.getLogger(__name__)
 
 #: the one alert key of the condition "the model fails and the rules planner stands in"
 FALLBACK_KEY = "planner_fallback"
-#: context budgets learnt from a server's context-length answers, per (base URL, model)
-LEARNT_BUDGET: dict[tuple[str, str], int] = {}
 #: shrink-and-retry rounds after a context-length answer, and the factor each applies
 SHRINKS, SHRINK_FACTOR = 2, 0.6
 #: tokens kept free beside the prompt and the answer (wire format, chat template)
@@ -113,18 +112,21 @@ class LlmPlanner(Planner):
         self._fallback_at = 0
         self._estimated = 0  # the last built context's estimated tokens (calibrated from usage)
         self._tools_sent = 0  # the tool schemas' estimated tokens in that request
+        # the budget a context-length answer taught this run; not kept for later runs: one bloated
+        # history once shrank it below the system prompt, and every later run of the process then
+        # fell back without asking (a window the server names is kept: _remember_window)
+        self._learnt: int | None = None
         self._sent: set | None = None  # fingerprints of the messages of the previous request
         self._fresh: int | None = None
 
     def budget(self) -> int:
         """Tokens the context may take: the model's window less ``max_tokens``, the tool schemas and
-        a margin, at most ``agent.memory.context.DEFAULT_BUDGET_TOKENS``, at least 1,024; a budget learnt
-        from a context-length answer is used when smaller."""
+        a margin, at most ``agent.memory.context.DEFAULT_BUDGET_TOKENS``, at least 1,024; a budget this
+        run learnt from a context-length answer is used when smaller."""
         window = context_window(self.config)
         budget = min(DEFAULT_BUDGET_TOKENS, window - self.config.max_tokens - self._tools_tokens() - WINDOW_MARGIN)
-        learnt = LEARNT_BUDGET.get((self.config.base_url, self.config.model))
-        if learnt is not None:
-            budget = min(budget, learnt)
+        if self._learnt is not None:
+            budget = min(budget, self._learnt)
         return max(1024, budget)
 
     @staticmethod
@@ -213,7 +215,7 @@ class LlmPlanner(Planner):
                     budget = min(self.budget(), int(sent * SHRINK_FACTOR))
                 else:
                     budget = int(sent * SHRINK_FACTOR)
-                LEARNT_BUDGET[(self.config.base_url, self.config.model)] = budget
+                self._learnt = budget
                 ctx.new_step(kind="message", actor="system", turn=ctx.turn_index,
                              text=f"The model's server said the prompt (~{sent} tokens) exceeds its context window; "
                                   f"asking again within {budget} tokens")
