@@ -120,14 +120,16 @@ class TestConsoleUxInABrowser(FleetBrowserTestCase):
                     form = "#actions-local-1 form"
                     assert page.eval_on_selector(f"{form} select[name=action]", "e => e.value") == ""
                     page.fill(f"{form} input[name=reason]", "cost")
-                    page.eval_on_selector(f"{form} select[name=action]",
-                                          "e => { window.__invalid = 0; e.addEventListener('invalid', () => window.__invalid++) }")
+                    # counted on the document (capture: ``invalid`` does not bubble), so a live refresh
+                    # that swaps the form between here and the click cannot lose the event
+                    page.evaluate("() => { window.__invalid = 0; document.addEventListener('invalid', e => {"
+                                  " if (e.target.name === 'action') window.__invalid++ }, true) }")
                     posts.clear()
                     page.click(f"{form} button[type=submit]")
                     # nothing chosen: the browser refused the submission on the field (the positive
                     # signal: its ``invalid`` event fired, and a refused form sends nothing after it)...
                     assert page.eval_on_selector(f"{form} select[name=action]", "e => e.validity.valueMissing")
-                    assert page.evaluate("window.__invalid") >= 1
+                    page.wait_for_function("window.__invalid >= 1", timeout=10_000)
                     # ...so nothing was sent and nothing came back
                     assert posts == [], posts
                     assert page.evaluate("document.querySelector('#page-alert').textContent.trim()") == ""
