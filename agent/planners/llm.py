@@ -124,15 +124,17 @@ class LlmPlanner(Planner):
         a margin, at most ``agent.memory.context.DEFAULT_BUDGET_TOKENS``, at least 1,024; a budget this
         run learnt from a context-length answer is used when smaller."""
         window = context_window(self.config)
-        budget = min(DEFAULT_BUDGET_TOKENS, window - self.config.max_tokens - self._tools_tokens() - WINDOW_MARGIN)
+        budget = min(DEFAULT_BUDGET_TOKENS, window - self.config.max_tokens - self._tools_tokens(1.0) - WINDOW_MARGIN)
         if self._learnt is not None:
             budget = min(budget, self._learnt)
         return max(1024, budget)
 
     @staticmethod
     def _tools_tokens(factor: float | None = None) -> int:
-        """Estimated tokens of the tool schemas as sent, calibrated like the messages (the server
-        counts them in ``usage.prompt_tokens`` too; llama.cpp's template renders them as text)."""
+        """Estimated tokens of the tool schemas as sent, times ``factor`` (default the calibration's):
+        the server counts them in ``usage.prompt_tokens`` too (llama.cpp's template renders them as
+        text). The budget sets them aside uncalibrated (``factor=1.0``): calibrated there, a server
+        reporting far more than was sent (the token-budget tests) trimmed the history into churn."""
         raw = estimate(json.dumps([wire_schema(t) for t in tool_schemas()]))
         return math.ceil(raw * (CALIBRATION.factor if factor is None else factor))
 
